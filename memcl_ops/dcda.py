@@ -1,0 +1,123 @@
+"""DCDA: the two training stages of MARS, as plain functions over feature tensors (METHODS.md 2.4).
+
+Stage 1 trains the memory only (W_q, K, γ, β) with SupCon on Norm(h̃) + λ_smooth·‖h̃ − target‖²;
+the classifier does not enter the loss, so it is frozen by construction.
+Stage 2 trains the classifier only on h̃ computed once under no_grad from the frozen memory:
+CE + λ_LwF·LwF(current inputs) + λ_anchor·KD(anchor points), T = 3, against the teacher
+(memory_{t-1}, g_{t-1}) snapshotted at the end of the previous task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from memcl_ops.head import GrowingLinearHead
+from memcl_ops.losses import old_class_kd, smoothness_loss, supcon_loss
+from memcl_ops.router import SlotRouter, layer_norm
+from memcl_ops.training import OptimConfig, optimize
+
+
+@dataclass(frozen=True)
+class Stage1Config:
+    optim: OptimConfig = OptimConfig(epochs=20)  # 20 epochs [S]; Adam 1e-3, batch 128 [R]
+    lambda_smooth: float = 0.3  # [S]
+    temperature: float = 0.07  # SupCon τ [R]
+    # What h̃ is pulled towards: the paper writes raw h_T; LN(h_T) when the scales differ [R].
+    smooth_target: Literal["ln", "raw"] = "ln"
+
+
+@dataclass(frozen=True)
+class Stage2Config:
+    optim: OptimConfig = OptimConfig(epochs=10)  # [R]
+    lambda_lwf: float = 1.0  # [R]
+    lambda_anchor: float = 1.0  # [R]
+    temperature: float = 3.0  # T [S]
+    # LwF teacher input: h̃ under the previous memory (as written) or under the current one [R].
+    lwf_teacher_memory: Literal["previous", "current"] = "previous"
+
+
+@dataclass
+class Teacher:
+    """The frozen (memory_{t-1}, g_{t-1}) pair and its anchors, snapshotted at the end of a task."""
+
+    router_state: dict[str, np.ndarray]
+    head_state: dict[str, np.ndarray]
+    anchors: np.ndarray  # (A, D) anchor points a_i under memory_{t-1}
+    anchor_logits: np.ndarray  # (A, C_old) g_{t-1}(a_i)
+
+    @classmethod
+    @torch.no_grad()
+    def snapshot(cls, router: SlotRouter, head: GrowingLinearHead) -> Teacher:
+        anchors, _ = router.anchors()
+        return cls(router.state(), head.state(), anchors.numpy().copy(), head(anchors).numpy().copy())
+
+    def head(self, feature_dim: int) -> GrowingLinearHead:
+        head = GrowingLinearHead(feature_dim)
+        head.load_state(self.head_state)
+        return head
+
+    def router(self, like: SlotRouter) -> SlotRouter:
+        router = SlotRouter(like.feature_dim, like.config)
+        router.load_state(self.router_state)
+        return router
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"router.{k}": v for k, v in self.router_state.items()}
+        out.update({f"head.{k}": v for k, v in self.head_state.items()})
+        out.update(anchors=self.anchors, anchor_logits=self.anchor_logits)
+        return out
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> Teacher:
+        def part(prefix: str) -> dict[str, np.ndarray]:
+            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        return cls(part("router."), part("head."), state["anchors"], state["anchor_logits"])
+
+
+def train_stage1(router: SlotRouter, features: torch.Tensor, labels: torch.Tensor,
+                 config: Stage1Config = Stage1Config(), *, seed: int = 0) -> list[float]:
+    """Train W_q, K, γ, β in place; returns the mean loss per epoch."""
+    target_all = layer_norm(features) if config.smooth_target == "ln" else features
+
+    def loss_on(idx: torch.Tensor) -> torch.Tensor:
+        out = router(features[idx])
+        return (supcon_loss(out.h_tilde, labels[idx], config.temperature, config.temperature)
+                + config.lambda_smooth * smoothness_loss(out.h_tilde, target_all[idx]))
+
+    return optimize(router.memory_parameters(), loss_on, len(features), config.optim, seed)
+
+
+def train_stage2(head: GrowingLinearHead, router: SlotRouter, features: torch.Tensor, labels: torch.Tensor,
+                 teacher: Teacher | None, config: Stage2Config = Stage2Config(), *,
+                 seed: int = 0) -> list[float]:
+    """Train the classifier in place on h̃ of the frozen memory; returns the mean loss per epoch.
+
+    The head must already have columns for `labels` (`head.grow`).
+    """
+    with torch.no_grad():
+        h_tilde = router(features).h_tilde
+        targets = head.columns(labels)
+        lwf_logits = anchors = anchor_logits = None
+        if teacher is not None and teacher.head_state["classes"].size:
+            old_head = teacher.head(head.feature_dim)
+            teacher_router = router if config.lwf_teacher_memory == "current" else teacher.router(router)
+            lwf_logits = old_head(teacher_router(features).h_tilde)
+            anchors = torch.as_tensor(teacher.anchors)
+            anchor_logits = torch.as_tensor(teacher.anchor_logits)
+    T = config.temperature
+
+    def loss_on(idx: torch.Tensor) -> torch.Tensor:
+        logits = head(h_tilde[idx])
+        loss = F.cross_entropy(logits, targets[idx])
+        if lwf_logits is not None and config.lambda_lwf:
+            loss = loss + config.lambda_lwf * old_class_kd(logits, lwf_logits[idx], T)
+        if anchors is not None and len(anchors) and config.lambda_anchor:
+            loss = loss + config.lambda_anchor * old_class_kd(head(anchors), anchor_logits, T)
+        return loss
+
+    return optimize(head.parameters(), loss_on, len(features), config.optim, seed)

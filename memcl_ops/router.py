@@ -1,0 +1,146 @@
+"""MARS slot-routed affine memory over frozen features (METHODS.md 2.1, 2.3).
+
+    q = W_q h_T,   p_i = softmax_i(<q̂, k̂_i> / τ_r),   s = max_i p_i
+    h̃ = (Σ_i p_i γ_i) ⊙ LN(h_T) + Σ_i p_i β_i           (LN without affine: the slots provide it)
+
+Each slot owns a key k_i, an affine (γ_i, β_i) initialised to the identity, and router-weighted EMA
+anchor statistics (μ_i, c_i) from which its anchor a_i = γ_i ⊙ μ_i / max(c_i, ς) + β_i is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NORM_EPS = 1e-8
+
+
+def normalize(v: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
+    """Norm(v) = v / (‖v‖₂ + ε) along the last axis."""
+    return v / (v.norm(dim=-1, keepdim=True) + eps)
+
+
+def layer_norm(h: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Parameter-free LayerNorm over the feature axis."""
+    return F.layer_norm(h, h.shape[-1:], eps=eps)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    initial_slots: int = 32  # S0 [S]
+    temperature: float = 0.07  # τ_r [S]
+    query_dim: int | None = None  # width of W_q's output; None: the feature dim [R]
+    anchor_momentum: float = 0.99  # ρ of the anchor EMA [R]
+    anchor_floor: float = 1e-6  # ς in μ / max(c, ς) [R]
+    anchor_min_mass: float = 1e-3  # c_min: slots with less mass give no anchor [R]
+
+
+@dataclass
+class RouterOutput:
+    h_tilde: torch.Tensor  # (N, D) slot-weighted affine of LN(h)
+    probs: torch.Tensor  # (N, S) routing probabilities
+    confidence: torch.Tensor  # (N,) top-slot probability s_t
+    query: torch.Tensor  # (N, Q) W_q h
+    ln_h: torch.Tensor  # (N, D) LN(h), what the slot affines act on
+
+
+class SlotRouter(nn.Module):
+    """Cosine-softmax router over S slot keys with one affine adapter per slot."""
+
+    def __init__(self, feature_dim: int, config: RouterConfig = RouterConfig(), *, seed: int = 0):
+        super().__init__()
+        self.config = config
+        self.feature_dim = feature_dim
+        query_dim = config.query_dim or feature_dim
+        gen = torch.Generator().manual_seed(seed)
+        w_q = torch.empty(query_dim, feature_dim)
+        nn.init.orthogonal_(w_q, generator=gen)
+        self.w_q = nn.Parameter(w_q)
+        self.keys = nn.Parameter(normalize(torch.randn(config.initial_slots, query_dim, generator=gen)))
+        self.gamma = nn.Parameter(torch.ones(config.initial_slots, feature_dim))
+        self.beta = nn.Parameter(torch.zeros(config.initial_slots, feature_dim))
+        self.register_buffer("anchor_sum", torch.zeros(config.initial_slots, feature_dim))  # μ_i
+        self.register_buffer("anchor_mass", torch.zeros(config.initial_slots))  # c_i
+
+    @property
+    def num_slots(self) -> int:
+        return self.keys.shape[0]
+
+    def memory_parameters(self) -> list[nn.Parameter]:
+        """What DCDA stage 1 trains: W_q, K, γ, β."""
+        return [self.w_q, self.keys, self.gamma, self.beta]
+
+    def query(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.w_q.T
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query, probabilities) for features h of shape (N, D)."""
+        q = self.query(h)
+        sims = normalize(q) @ normalize(self.keys).T
+        return q, torch.softmax(sims / self.config.temperature, dim=-1)
+
+    def forward(self, h: torch.Tensor) -> RouterOutput:
+        q, probs = self.route(h)
+        ln_h = layer_norm(h)
+        h_tilde = (probs @ self.gamma) * ln_h + probs @ self.beta
+        return RouterOutput(h_tilde, probs, probs.max(dim=-1).values, q, ln_h)
+
+    @torch.no_grad()
+    def add_slot(self, init_key: torch.Tensor | np.ndarray) -> int:
+        """Append a slot with key Norm(init_key), identity affine and empty anchor stats; returns its index.
+
+        Parameters are replaced by larger ones, so an optimizer built before must be rebuilt.
+        """
+        key = normalize(torch.as_tensor(np.asarray(init_key), dtype=self.keys.dtype).reshape(1, -1))
+        if key.shape[1] != self.keys.shape[1]:
+            raise ValueError(f"slot key has width {key.shape[1]}, router queries have {self.keys.shape[1]}")
+        d = self.feature_dim
+        self.keys = nn.Parameter(torch.cat([self.keys.data, key]))
+        self.gamma = nn.Parameter(torch.cat([self.gamma.data, torch.ones(1, d)]))
+        self.beta = nn.Parameter(torch.cat([self.beta.data, torch.zeros(1, d)]))
+        self.anchor_sum = torch.cat([self.anchor_sum, torch.zeros(1, d)])
+        self.anchor_mass = torch.cat([self.anchor_mass, torch.zeros(1)])
+        return self.num_slots - 1
+
+    @torch.no_grad()
+    def update_anchor_stats(self, h: torch.Tensor) -> None:
+        """Router-weighted EMA of LN(h) per slot (Eqs. 7-8 as reconstructed in METHODS.md 2.3):
+        μ_i ← ρ μ_i + (1-ρ) Σ_x p_i(x) LN(h(x)),  c_i ← ρ c_i + (1-ρ) Σ_x p_i(x)."""
+        rho = self.config.anchor_momentum
+        _, probs = self.route(h)
+        self.anchor_sum.mul_(rho).add_((1 - rho) * probs.T @ layer_norm(h))
+        self.anchor_mass.mul_(rho).add_((1 - rho) * probs.sum(dim=0))
+
+    def anchors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(anchor points a_i, slot indices) for slots whose mass c_i reaches c_min."""
+        cfg = self.config
+        live = torch.nonzero(self.anchor_mass >= cfg.anchor_min_mass).flatten()
+        mean = self.anchor_sum[live] / self.anchor_mass[live].clamp_min(cfg.anchor_floor).unsqueeze(1)
+        return self.gamma[live] * mean + self.beta[live], live
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Plain numpy state (what travels between actors and into checkpoints)."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Exact inverse of `state`, including a different number of slots."""
+        self.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
+        # Slots may have been added since construction: resize before copying.
+        slots = state_dict["keys"].shape[0]
+        if slots != self.num_slots:
+            d, q = self.feature_dim, state_dict["keys"].shape[1]
+            self.keys = nn.Parameter(torch.zeros(slots, q))
+            self.gamma = nn.Parameter(torch.zeros(slots, d))
+            self.beta = nn.Parameter(torch.zeros(slots, d))
+            self.anchor_sum = torch.zeros(slots, d)
+            self.anchor_mass = torch.zeros(slots)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state_dict().values())

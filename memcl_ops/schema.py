@@ -1,0 +1,329 @@
+"""The Arrow batch contract every actor speaks (DESIGN.md, "Data on the wire").
+
+One `pyarrow.RecordBatch` per call. Columns:
+
+* ``sample_id`` int64: unique, increasing position in the stream (resume, exactly-once, dead letters)
+* ``task_id`` int32, nullable: task the sample came from (null in task-free streams)
+* ``label`` int32, nullable: global class id (null for unlabelled data)
+* a raw payload before encoding: ``image`` fixed_size_list<uint8> (shape in schema metadata),
+  ``text`` string or ``tokens`` list<int32>
+* ``features`` fixed_size_list<float32, D>: frozen-encoder output
+
+Schema metadata carries ``stream``, ``encoder``, ``feature_dim`` and ``image_shape``.
+`validate` refuses a batch with a `BatchError` that names the column and the offending
+``sample_id``s; `partition` splits a batch into the rows that pass and the refused rows with their
+reasons, so nothing is dropped silently (the runner writes refused rows to a dead-letter file).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+SAMPLE_ID = "sample_id"
+TASK_ID = "task_id"
+LABEL = "label"
+IMAGE = "image"
+TEXT = "text"
+TOKENS = "tokens"
+FEATURES = "features"
+PAYLOADS = (IMAGE, TEXT, TOKENS)
+
+_META_STREAM = b"stream"
+_META_ENCODER = b"encoder"
+_META_FEATURE_DIM = b"feature_dim"
+_META_IMAGE_SHAPE = b"image_shape"
+
+_ID_FIELDS = [
+    pa.field(SAMPLE_ID, pa.int64(), nullable=False),
+    pa.field(TASK_ID, pa.int32(), nullable=True),
+    pa.field(LABEL, pa.int32(), nullable=True),
+]
+
+
+def _metadata(**values: object) -> dict[bytes, bytes]:
+    return {k.encode(): (v if isinstance(v, str) else json.dumps(v)).encode()
+            for k, v in values.items() if v is not None}
+
+
+def raw_schema(payload: str, *, image_shape: Sequence[int] | None = None, stream: str = "") -> pa.Schema:
+    """Schema of a raw batch (before encoding) carrying one payload column."""
+    if payload == IMAGE:
+        if image_shape is None:
+            raise ValueError("an image schema needs image_shape (e.g. (28, 28) or (32, 32, 3))")
+        size = int(np.prod(image_shape))
+        field = pa.field(IMAGE, pa.list_(pa.uint8(), size), nullable=False)
+    elif payload == TEXT:
+        field = pa.field(TEXT, pa.string(), nullable=False)
+    elif payload == TOKENS:
+        field = pa.field(TOKENS, pa.list_(pa.int32()), nullable=False)
+    else:
+        raise ValueError(f"unknown payload column {payload!r}; expected one of {PAYLOADS}")
+    meta = _metadata(stream=stream, image_shape=list(image_shape) if image_shape else None)
+    return pa.schema([*_ID_FIELDS, field], metadata=meta)
+
+
+def feature_schema(dim: int, *, stream: str = "", encoder: str = "") -> pa.Schema:
+    """Schema of an encoded batch: ids, labels and one FixedSizeList<float32, dim> column."""
+    if dim <= 0:
+        raise ValueError(f"feature dim must be positive, got {dim}")
+    field = pa.field(FEATURES, pa.list_(pa.float32(), dim), nullable=False)
+    return pa.schema([*_ID_FIELDS, field],
+                     metadata=_metadata(stream=stream, encoder=encoder, feature_dim=dim))
+
+
+def schema_info(schema: pa.Schema) -> dict[str, object]:
+    """The metadata of a memcl schema as plain values."""
+    meta = schema.metadata or {}
+    out: dict[str, object] = {}
+    for key in (_META_STREAM, _META_ENCODER):
+        if key in meta:
+            out[key.decode()] = meta[key].decode()
+    for key in (_META_FEATURE_DIM, _META_IMAGE_SHAPE):
+        if key in meta:
+            out[key.decode()] = json.loads(meta[key])
+    return out
+
+
+def feature_batch(sample_ids: np.ndarray, features: np.ndarray, labels: np.ndarray | None = None,
+                  task_ids: np.ndarray | None = None, *, stream: str = "", encoder: str = "") -> pa.RecordBatch:
+    """Build an encoded batch from numpy arrays (features as float32, one FixedSizeList column)."""
+    feats = np.ascontiguousarray(features, dtype=np.float32)
+    if feats.ndim != 2:
+        raise ValueError(f"features must be 2-D (rows, dim), got shape {feats.shape}")
+    schema = feature_schema(feats.shape[1], stream=stream, encoder=encoder)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.asarray(sample_ids, dtype=np.int64)),
+         _nullable_int32(task_ids, len(feats)),
+         _nullable_int32(labels, len(feats)),
+         matrix_to_arrow(feats)],
+        schema=schema)
+
+
+def raw_batch(sample_ids: np.ndarray, payload: str, values: object, labels: np.ndarray | None = None,
+              task_ids: np.ndarray | None = None, *, image_shape: Sequence[int] | None = None,
+              stream: str = "") -> pa.RecordBatch:
+    """Build a raw batch: images as a uint8 array (rows, *image_shape), texts as str, tokens as lists."""
+    schema = raw_schema(payload, image_shape=image_shape, stream=stream)
+    n = len(sample_ids)
+    if payload == IMAGE:
+        pixels = np.ascontiguousarray(values, dtype=np.uint8).reshape(n, -1)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(pixels.ravel()), pixels.shape[1])
+    else:
+        column = pa.array(list(values), type=schema.field(payload).type)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.asarray(sample_ids, dtype=np.int64)), _nullable_int32(task_ids, n),
+         _nullable_int32(labels, n), column], schema=schema)
+
+
+def _nullable_int32(values: np.ndarray | None, n: int) -> pa.Array:
+    if values is None:
+        return pa.nulls(n, pa.int32())
+    return pa.array(np.asarray(values), type=pa.int32())
+
+
+def matrix_to_arrow(matrix: np.ndarray) -> pa.FixedSizeListArray:
+    """A (rows, dim) float32 matrix as one FixedSizeList column (zero-copy for contiguous input)."""
+    m = np.ascontiguousarray(matrix, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(m.reshape(-1)), m.shape[1])
+
+
+def column_matrix(batch: pa.RecordBatch, column: str = FEATURES) -> np.ndarray:
+    """A FixedSizeList column as a (rows, width) numpy view.
+
+    Zero-copy when the column has no offset/nulls; the view is read-only (Arrow buffers are immutable),
+    so callers that write in place must copy (or use `features_to_torch(..., writable=True)`).
+    """
+    col = batch.column(column)
+    if not pa.types.is_fixed_size_list(col.type):
+        raise BatchError(f"column {column!r} must be a fixed_size_list, got {col.type}", column=column,
+                         sample_ids=_ids(batch))
+    width = col.type.list_size
+    values = col.flatten()  # honours the array offset
+    flat = values.to_numpy(zero_copy_only=values.null_count == 0)
+    return flat.reshape(len(col), width)
+
+
+def features_to_numpy(batch: pa.RecordBatch) -> np.ndarray:
+    return column_matrix(batch, FEATURES)
+
+
+def features_to_torch(batch: pa.RecordBatch, *, writable: bool = False) -> torch.Tensor:
+    """Features as a float32 tensor, sharing the Arrow buffer where it can.
+
+    Arrow/Ray buffers are read-only: with ``writable=True`` such a buffer is copied (in-place torch work
+    needs its own memory); otherwise the tensor shares it and must be treated as read-only.
+    """
+    array = features_to_numpy(batch)
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    if writable:
+        return torch.from_numpy(array.copy())
+    with warnings.catch_warnings():  # torch warns on any read-only buffer; reads are safe
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def labels_to_numpy(batch: pa.RecordBatch) -> np.ndarray:
+    """Labels as int64 (nulls become -1: "unlabelled")."""
+    return pc.fill_null(batch.column(LABEL), -1).to_numpy().astype(np.int64)
+
+
+def task_ids_to_numpy(batch: pa.RecordBatch) -> np.ndarray:
+    return pc.fill_null(batch.column(TASK_ID), -1).to_numpy().astype(np.int64)
+
+
+def sample_ids_to_numpy(batch: pa.RecordBatch) -> np.ndarray:
+    return batch.column(SAMPLE_ID).to_numpy()
+
+
+def _ids(batch: pa.RecordBatch, rows: Iterable[int] | None = None) -> list[int]:
+    if batch.schema.get_field_index(SAMPLE_ID) < 0:
+        return []
+    ids = batch.column(SAMPLE_ID)
+    if rows is None:
+        return [v for v in ids.to_pylist() if v is not None]
+    return [ids[int(i)].as_py() for i in rows]
+
+
+class BatchError(ValueError):
+    """A batch (or some of its rows) broke the contract. Names the column and the sample ids."""
+
+    def __init__(self, message: str, *, column: str | None = None, sample_ids: Sequence[int] = (),
+                 reason: str = "invalid"):
+        self.column = column
+        self.sample_ids = list(sample_ids)
+        self.reason = reason
+        shown = self.sample_ids[:10]
+        more = f" (+{len(self.sample_ids) - 10} more)" if len(self.sample_ids) > 10 else ""
+        where = f" column {column!r}:" if column else ""
+        super().__init__(f"[{reason}]{where} {message}; sample_ids={shown}{more}")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a batch must satisfy at one boundary of the pipeline."""
+
+    feature_dim: int | None = None  # required FixedSizeList width of `features`, if the batch has them
+    payload: str | None = None  # required raw payload column, if any
+    known_labels: frozenset[int] | None = None  # labels outside this set are refused (None: any >= 0)
+    max_rows: int | None = None  # oversized batches are refused
+    require_labels: bool = False
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Rows refused for one reason."""
+
+    error: BatchError
+    rows: np.ndarray  # row indices into the checked batch
+
+
+_EXPECTED_TYPES = {SAMPLE_ID: pa.int64(), TASK_ID: pa.int32(), LABEL: pa.int32()}
+
+
+def _batch_level_problem(batch: pa.RecordBatch, contract: Contract) -> BatchError | None:
+    """Problems that make every row unusable (wrong schema, dims, size)."""
+    ids = _ids(batch)
+    for name, typ in _EXPECTED_TYPES.items():
+        idx = batch.schema.get_field_index(name)
+        if idx < 0:
+            return BatchError("missing column", column=name, sample_ids=ids, reason="schema")
+        if batch.schema.field(name).type != typ:
+            return BatchError(f"wrong type {batch.schema.field(name).type}, expected {typ}", column=name,
+                              sample_ids=ids, reason="schema")
+    if batch.column(SAMPLE_ID).null_count:
+        return BatchError("sample_id must not be null", column=SAMPLE_ID, sample_ids=ids, reason="schema")
+    if batch.num_rows == 0:
+        return BatchError("empty batch", reason="empty")
+    if contract.max_rows is not None and batch.num_rows > contract.max_rows:
+        return BatchError(f"{batch.num_rows} rows exceed the configured maximum {contract.max_rows}",
+                          sample_ids=ids, reason="oversized")
+    if contract.payload is not None and batch.schema.get_field_index(contract.payload) < 0:
+        return BatchError("missing payload column", column=contract.payload, sample_ids=ids, reason="schema")
+    if contract.feature_dim is not None:
+        idx = batch.schema.get_field_index(FEATURES)
+        if idx < 0:
+            return BatchError("missing column", column=FEATURES, sample_ids=ids, reason="schema")
+        typ = batch.schema.field(FEATURES).type
+        if not (pa.types.is_fixed_size_list(typ) and typ.value_type == pa.float32()):
+            return BatchError(f"wrong type {typ}, expected fixed_size_list<float32, {contract.feature_dim}>",
+                              column=FEATURES, sample_ids=ids, reason="schema")
+        if typ.list_size != contract.feature_dim:
+            return BatchError(f"feature dim {typ.list_size} != expected {contract.feature_dim}",
+                              column=FEATURES, sample_ids=ids, reason="feature_dim")
+    return None
+
+
+def check(batch: pa.RecordBatch, contract: Contract) -> list[Refusal]:
+    """Every contract violation in `batch`, grouped by reason, with the refused row indices."""
+    problem = _batch_level_problem(batch, contract)
+    if problem is not None:
+        return [Refusal(problem, np.arange(batch.num_rows))]
+    refusals: list[Refusal] = []
+    if contract.feature_dim is not None:
+        col = batch.column(FEATURES)
+        if col.null_count:
+            rows = np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))
+            refusals.append(Refusal(BatchError("null feature rows", column=FEATURES,
+                                               sample_ids=_ids(batch, rows), reason="null"), rows))
+        else:
+            feats = features_to_numpy(batch)
+            bad = ~np.isfinite(feats).all(axis=1)
+            if bad.any():
+                rows = np.flatnonzero(bad)
+                refusals.append(Refusal(BatchError("NaN/Inf in features", column=FEATURES,
+                                                   sample_ids=_ids(batch, rows), reason="non_finite"), rows))
+    labels = batch.column(LABEL)
+    if contract.require_labels and labels.null_count:
+        rows = np.flatnonzero(labels.is_null().to_numpy(zero_copy_only=False))
+        refusals.append(Refusal(BatchError("missing label", column=LABEL, sample_ids=_ids(batch, rows),
+                                           reason="missing_label"), rows))
+    values = labels_to_numpy(batch)
+    present = ~labels.is_null().to_numpy(zero_copy_only=False)
+    negative = present & (values < 0)
+    if negative.any():
+        rows = np.flatnonzero(negative)
+        refusals.append(Refusal(BatchError("negative label", column=LABEL, sample_ids=_ids(batch, rows),
+                                           reason="negative_label"), rows))
+    if contract.known_labels is not None:
+        known = np.fromiter(contract.known_labels, dtype=np.int64)
+        unknown = present & (values >= 0) & ~np.isin(values, known)
+        if unknown.any():
+            rows = np.flatnonzero(unknown)
+            refusals.append(Refusal(
+                BatchError(f"unknown label(s) {sorted(set(values[rows].tolist()))[:10]}", column=LABEL,
+                           sample_ids=_ids(batch, rows), reason="unknown_label"), rows))
+    return refusals
+
+
+def validate(batch: pa.RecordBatch, contract: Contract | None = None, **kwargs: object) -> None:
+    """Raise the first `BatchError` found in `batch` (see `Contract` for the keyword arguments)."""
+    refusals = check(batch, contract or Contract(**kwargs))  # type: ignore[arg-type]
+    if refusals:
+        raise refusals[0].error
+
+
+def partition(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch | None, list[Refusal]]:
+    """Split `batch` into the rows that satisfy the contract and the refusals (each row refused once,
+    under the first reason that caught it)."""
+    refusals = check(batch, contract)
+    if not refusals:
+        return batch, []
+    taken = np.zeros(batch.num_rows, dtype=bool)
+    unique: list[Refusal] = []
+    for refusal in refusals:
+        rows = refusal.rows[~taken[refusal.rows]]
+        if len(rows):
+            taken[rows] = True
+            unique.append(Refusal(refusal.error, rows))
+    keep = np.flatnonzero(~taken)
+    good = batch.take(pa.array(keep)) if len(keep) else None
+    return good, unique
