@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from memcl_ops.head import GrowingLinearHead
-from memcl_ops.losses import old_class_kd, smoothness_loss, supcon_loss
+from memcl_ops.losses import old_class_kd, old_class_kd_full, smoothness_loss, supcon_loss
 from memcl_ops.router import SlotRouter, layer_norm
 from memcl_ops.training import OptimConfig, optimize
 
@@ -39,20 +39,28 @@ class Stage2Config:
     temperature: float = 3.0  # T [S]
     # LwF teacher input: h̃ under the previous memory (as written) or under the current one [R].
     lwf_teacher_memory: Literal["previous", "current"] = "previous"
+    # CE over all seen classes, or only over the classes present in the block (PyCIL's LwF convention) [R].
+    ce_scope: Literal["all", "current"] = "all"
+    # Anchor KD over the old-class logits only, or over the full softmax with the teacher padded by zeros for
+    # new classes (keeps anchor *predictions* consistent, what Thm. 2's bound assumes) [R].
+    anchor_scope: Literal["old", "all"] = "all"
 
 
 @dataclass
 class Teacher:
     """The frozen (memory_{t-1}, g_{t-1}) pair and its anchors, snapshotted at the end of a task."""
 
-    router_state: dict[str, np.ndarray]
+    router_state: dict[str, np.ndarray]  # empty when the method has no memory
     head_state: dict[str, np.ndarray]
     anchors: np.ndarray  # (A, D) anchor points a_i under memory_{t-1}
     anchor_logits: np.ndarray  # (A, C_old) g_{t-1}(a_i)
 
     @classmethod
     @torch.no_grad()
-    def snapshot(cls, router: SlotRouter, head: GrowingLinearHead) -> Teacher:
+    def snapshot(cls, router: SlotRouter | None, head: GrowingLinearHead) -> Teacher:
+        if router is None:
+            return cls({}, head.state(), np.zeros((0, head.feature_dim), np.float32),
+                       np.zeros((0, head.num_classes), np.float32))
         anchors, _ = router.anchors()
         return cls(router.state(), head.state(), anchors.numpy().copy(), head(anchors).numpy().copy())
 
@@ -61,7 +69,9 @@ class Teacher:
         head.load_state(self.head_state)
         return head
 
-    def router(self, like: SlotRouter) -> SlotRouter:
+    def router(self, like: SlotRouter | None) -> SlotRouter | None:
+        if like is None:
+            return None
         router = SlotRouter(like.feature_dim, like.config)
         router.load_state(self.router_state)
         return router
@@ -92,7 +102,12 @@ def train_stage1(router: SlotRouter, features: torch.Tensor, labels: torch.Tenso
     return optimize(router.memory_parameters(), loss_on, len(features), config.optim, seed)
 
 
-def train_stage2(head: GrowingLinearHead, router: SlotRouter, features: torch.Tensor, labels: torch.Tensor,
+def apply_memory(router: SlotRouter | None, h: torch.Tensor) -> torch.Tensor:
+    """h̃ of the slot memory, or h itself for methods without one."""
+    return h if router is None else router(h).h_tilde
+
+
+def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: torch.Tensor, labels: torch.Tensor,
                  teacher: Teacher | None, config: Stage2Config = Stage2Config(), *,
                  seed: int = 0) -> list[float]:
     """Train the classifier in place on h̃ of the frozen memory; returns the mean loss per epoch.
@@ -100,24 +115,29 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter, features: torch.Te
     The head must already have columns for `labels` (`head.grow`).
     """
     with torch.no_grad():
-        h_tilde = router(features).h_tilde
+        h_tilde = apply_memory(router, features)
         targets = head.columns(labels)
+        if config.ce_scope == "current":
+            ce_columns = torch.unique(targets)
+            targets = torch.searchsorted(ce_columns, targets)
         lwf_logits = anchors = anchor_logits = None
         if teacher is not None and teacher.head_state["classes"].size:
             old_head = teacher.head(head.feature_dim)
             teacher_router = router if config.lwf_teacher_memory == "current" else teacher.router(router)
-            lwf_logits = old_head(teacher_router(features).h_tilde)
+            lwf_logits = old_head(apply_memory(teacher_router, features))
             anchors = torch.as_tensor(teacher.anchors)
             anchor_logits = torch.as_tensor(teacher.anchor_logits)
     T = config.temperature
+    anchor_kd = old_class_kd_full if config.anchor_scope == "all" else old_class_kd
 
     def loss_on(idx: torch.Tensor) -> torch.Tensor:
         logits = head(h_tilde[idx])
-        loss = F.cross_entropy(logits, targets[idx])
+        ce_logits = logits if config.ce_scope == "all" else logits[:, ce_columns]
+        loss = F.cross_entropy(ce_logits, targets[idx])
         if lwf_logits is not None and config.lambda_lwf:
             loss = loss + config.lambda_lwf * old_class_kd(logits, lwf_logits[idx], T)
         if anchors is not None and len(anchors) and config.lambda_anchor:
-            loss = loss + config.lambda_anchor * old_class_kd(head(anchors), anchor_logits, T)
+            loss = loss + config.lambda_anchor * anchor_kd(head(anchors), anchor_logits, T)
         return loss
 
     return optimize(head.parameters(), loss_on, len(features), config.optim, seed)

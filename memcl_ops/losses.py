@@ -51,3 +51,19 @@ def old_class_kd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tem
     if old == 0 or student_logits.shape[0] == 0:
         return student_logits.sum() * 0.0
     return kd_loss(student_logits[:, :old], teacher_logits, temperature)
+
+
+def old_class_kd_full(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KD of the student's full softmax (old and new classes) towards the teacher's old-class distribution,
+    i.e. the teacher padded with zero probability for the new classes.
+
+    Unlike `old_class_kd`, this also keeps new-class logits from taking over inputs the teacher gave to old
+    classes, which is the "anchor prediction consistency" MARS's retention bound (Thm. 2) relies on.
+    """
+    old = teacher_logits.shape[1]
+    if old == 0 or student_logits.shape[0] == 0:
+        return student_logits.sum() * 0.0
+    t = temperature
+    p_teacher = F.softmax(teacher_logits / t, dim=1)
+    log_p_student = F.log_softmax(student_logits / t, dim=1)[:, :old]
+    return t * t * (p_teacher * (torch.log(p_teacher.clamp_min(1e-12)) - log_p_student)).sum(1).mean()

@@ -128,7 +128,7 @@ class SlotRouter(nn.Module):
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         """Exact inverse of `state`, including a different number of slots."""
-        self.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
+        self.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
         # Slots may have been added since construction: resize before copying.

@@ -123,9 +123,11 @@ def raw_batch(sample_ids: np.ndarray, payload: str, values: object, labels: np.n
          _nullable_int32(labels, n), column], schema=schema)
 
 
-def _nullable_int32(values: np.ndarray | None, n: int) -> pa.Array:
+def _nullable_int32(values: np.ndarray | pa.Array | None, n: int) -> pa.Array:
     if values is None:
         return pa.nulls(n, pa.int32())
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.cast(pa.int32())
     return pa.array(np.asarray(values), type=pa.int32())
 
 

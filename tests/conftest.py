@@ -3,3 +3,26 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole test session (starting Ray costs 3-4 s)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def actors(ray_session):
+    """Pipeline actors shared by the runs of one test module (reset between runs, killed at the end)."""
+    from pipeline.runner import ActorCache
+
+    cache = ActorCache()
+    yield cache
+    cache.close()

@@ -1,0 +1,24 @@
+"""Turning the Arrow batches a trainer receives into one labelled tensor block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from memcl_ops import schema as S
+
+
+def labelled_block(batches: tuple[pa.RecordBatch, ...]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """(features, labels, sample_ids) of the labelled rows of `batches`, concatenated in stream order."""
+    feats, labels, ids = [], [], []
+    for b in batches:
+        y = S.labels_to_numpy(b)
+        keep = y >= 0
+        feats.append(S.features_to_numpy(b)[keep])
+        labels.append(y[keep])
+        ids.append(S.sample_ids_to_numpy(b)[keep])
+    if not feats:
+        return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long), np.zeros(0, np.int64)
+    return (torch.from_numpy(np.concatenate(feats)), torch.from_numpy(np.concatenate(labels)),
+            np.concatenate(ids))

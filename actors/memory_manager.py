@@ -1,0 +1,88 @@
+"""MemoryManager actor: owns all persistent memory (MARS slots with their anchors here; MIITA prototypes and
+the NSR LoRA bank sit beside them in the same byte report) and routes features through the slots."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import ray
+import torch
+
+from actors.clock import StageClock
+from memcl_ops import schema as S
+from memcl_ops.router import RouterConfig, SlotRouter
+from memcl_ops.sgse import Expansion
+
+
+@ray.remote
+class MemoryManager:
+    def __init__(self, feature_dim: int, router: RouterConfig, max_slots: int, seed: int, threads: int):
+        self.reset(feature_dim, router, max_slots, seed, threads)
+
+    def reset(self, feature_dim: int, router: RouterConfig, max_slots: int, seed: int, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.router = SlotRouter(feature_dim, router, seed=seed)
+        self.max_slots = max_slots
+        self.routed = 0  # samples routed so far (the x axis of the slot history)
+        self.slot_history: list[tuple[int, int]] = [(0, self.router.num_slots)]
+        self.expansions: list[dict] = []
+        self.refused_expansions = 0
+        self.clock = StageClock()
+
+    def route(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Confidence and query per sample (for SGSE); also folds the batch into the anchor statistics."""
+        with self.clock.time("route"), torch.no_grad():
+            h = S.features_to_torch(batch)
+            q, probs = self.router.route(h)
+            self.router.update_anchor_stats(h)
+            self.routed += batch.num_rows
+            return pa.RecordBatch.from_arrays(
+                [batch.column(S.SAMPLE_ID), pa.array(probs.max(dim=1).values.numpy()), S.matrix_to_arrow(q.numpy())],
+                names=[S.SAMPLE_ID, "confidence", "query"])
+
+    def expand(self, expansions: list[Expansion]) -> int:
+        with self.clock.time("expand"):
+            for e in expansions:
+                if self.router.num_slots >= self.max_slots:
+                    self.refused_expansions += 1
+                    continue
+                self.router.add_slot(e.key)
+                self.expansions.append({"at_sample": self.routed, "slots": self.router.num_slots,
+                                        "successes": e.successes, "trials": e.trials,
+                                        "lower_bound": float(e.lower_bound)})
+                self.slot_history.append((self.routed, self.router.num_slots))
+            return self.router.num_slots
+
+    def memory_state(self) -> dict[str, np.ndarray]:
+        return self.router.state()
+
+    def load_memory(self, state: dict[str, np.ndarray]) -> None:
+        """Take trained memory parameters (stage 1); the slot count must not have changed meanwhile."""
+        if state["keys"].shape[0] != self.router.num_slots:
+            raise ValueError(f"trained memory has {state['keys'].shape[0]} slots, the manager {self.router.num_slots}")
+        self.router.load_state(state)
+
+    def memory_report(self) -> dict[str, int]:
+        return {"slots": self.router.nbytes(), "num_slots": self.router.num_slots, "prototypes": 0, "bank": 0}
+
+    def history(self) -> dict:
+        return {"slot_history": [list(p) for p in self.slot_history], "expansions": self.expansions,
+                "refused_expansions": self.refused_expansions}
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"router.{k}": v for k, v in self.router.state().items()}
+        out["slot_history"] = np.array(self.slot_history, dtype=np.int64).reshape(-1, 2)
+        out["expansions"] = np.array(json.dumps(self.expansions))
+        out["counters"] = np.array([self.routed, self.refused_expansions], dtype=np.int64)
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.router.load_state({k[7:]: v for k, v in state.items() if k.startswith("router.")})
+        self.slot_history = [tuple(int(x) for x in row) for row in state["slot_history"]]
+        self.expansions = json.loads(str(state["expansions"]))
+        self.routed, self.refused_expansions = (int(x) for x in state["counters"])
+
+    def timings(self) -> dict:
+        return self.clock.report()

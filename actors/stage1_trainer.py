@@ -1,0 +1,46 @@
+"""Stage1Trainer actor: DCDA stage 1 (memory parameters only) on the current block of data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import ray
+import torch
+
+from actors.batches import labelled_block
+from actors.clock import StageClock
+from memcl_ops.dcda import Stage1Config, train_stage1
+from memcl_ops.router import RouterConfig, SlotRouter
+
+
+@ray.remote
+class Stage1Trainer:
+    def __init__(self, feature_dim: int, router: RouterConfig, config: Stage1Config, seed: int, threads: int):
+        self.reset(feature_dim, router, config, seed, threads)
+
+    def reset(self, feature_dim: int, router: RouterConfig, config: Stage1Config, seed: int, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.feature_dim, self.router_config, self.config, self.seed = feature_dim, router, config, seed
+        self.rounds = 0
+        self.losses: list[list[float]] = []
+        self.clock = StageClock()
+
+    def train(self, memory_state: dict[str, np.ndarray], *batches: pa.RecordBatch) -> dict[str, np.ndarray]:
+        """Return the memory state after stage 1 on `batches` (the classifier is not involved)."""
+        with self.clock.time("stage1"):
+            router = SlotRouter(self.feature_dim, self.router_config)
+            router.load_state(memory_state)
+            x, y, _ = labelled_block(batches)
+            if len(y):
+                self.losses.append(train_stage1(router, x, y, self.config, seed=self.seed * 100_003 + self.rounds))
+            self.rounds += 1
+            return router.state()
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"rounds": np.array(self.rounds)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.rounds = int(state["rounds"])
+
+    def timings(self) -> dict:
+        return self.clock.report()

@@ -1,0 +1,78 @@
+"""Stage2Trainer actor: the method's head learner (DCDA stage 2 for MARS; the baselines' heads), its teacher
+snapshot, and evaluation through the frozen memory it was trained with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import ray
+import torch
+
+from actors.batches import labelled_block
+from actors.clock import StageClock
+from memcl_ops import schema as S
+from memcl_ops.methods import MethodConfig, build_head, method_spec
+from memcl_ops.router import SlotRouter
+
+
+@ray.remote
+class Stage2Trainer:
+    def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int):
+        self.reset(method, feature_dim, seed, threads)
+
+    def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.spec = method_spec(method.name)
+        self.method = self.spec.resolve(method)
+        self.feature_dim = feature_dim
+        self.learner = build_head(self.spec, self.method, feature_dim, seed)
+        self.memory: SlotRouter | None = None
+        self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
+        self.clock = StageClock()
+
+    def _set_memory(self, memory_state: dict[str, np.ndarray] | None) -> None:
+        if memory_state is None:
+            self.memory = None
+            return
+        self.memory = SlotRouter(self.feature_dim, self.method.router)
+        self.memory.load_state(memory_state)
+        self.memory.requires_grad_(False)
+
+    def train(self, memory_state: dict[str, np.ndarray] | None, *batches: pa.RecordBatch) -> dict[str, float]:
+        with self.clock.time("stage2"):
+            self._set_memory(memory_state)
+            x, y, ids = labelled_block(batches)
+            self.learned.append(ids)
+            return self.learner.fit(x, y, self.memory) if len(y) else {}
+
+    def end_task(self) -> None:
+        self.learner.end_task(self.memory)
+
+    def evaluate(self, batch: pa.RecordBatch) -> tuple[int, int]:
+        """(correct, total) on a labelled feature batch."""
+        with self.clock.time("evaluate"):
+            pred = self.learner.predict(S.features_to_torch(batch), self.memory)
+            labels = S.labels_to_numpy(batch)
+            return int((pred == labels).sum()), len(labels)
+
+    def learned_ids(self) -> np.ndarray:
+        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+
+    def memory_bytes(self) -> dict[str, int]:
+        return self.learner.memory_bytes()
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"learner.{k}": v for k, v in self.learner.state().items()}
+        if self.memory is not None:
+            out.update({f"memory.{k}": v for k, v in self.memory.state().items()})
+        out["learned"] = self.learned_ids()
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.learner.restore({k[8:]: v for k, v in state.items() if k.startswith("learner.")})
+        memory = {k[7:]: v for k, v in state.items() if k.startswith("memory.")}
+        self._set_memory(memory or None)
+        self.learned = [np.asarray(state["learned"])]
+
+    def timings(self) -> dict:
+        return self.clock.report()

@@ -1,0 +1,160 @@
+"""Continual-learning methods: one uniform learner interface and a registry of what each method is.
+
+A method is four roles, each owned by one actor in the pipeline:
+
+* memory: a `SlotRouter` between encoder and head (MARS), or none (h̃ = h);
+* novelty monitor: SGSE deciding when the memory grows, or none;
+* stage 1: DCDA memory training, or none;
+* head learner: the classifier and whatever it keeps to not forget (teacher, buffer, statistics).
+
+`HeadLearner` is the uniform interface every head follows (river-style): `fit` on a block of data,
+`end_task` at a boundary, `predict`, `state`/`restore` over plain numpy dicts, `memory_bytes`.
+`METHODS` declares, per method, its roles, its fixed settings and what it is compatible with
+(Mammoth-style); all tunable defaults live in `MethodConfig`, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from memcl_ops.dcda import Stage1Config, Stage2Config, Teacher, apply_memory, train_stage2
+from memcl_ops.head import GrowingLinearHead
+from memcl_ops.router import RouterConfig, SlotRouter
+from memcl_ops.sgse import SGSEConfig
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Every method knob, with its default (the [R] ones documented where they are used)."""
+
+    name: str = "mars"
+    router: RouterConfig = RouterConfig()
+    sgse: SGSEConfig = SGSEConfig()
+    stage1: Stage1Config = Stage1Config()
+    stage2: Stage2Config = Stage2Config()
+    consolidate_every: int = 8  # task-free mode: run stage 1 + 2 every K batches
+
+
+class HeadLearner(Protocol):
+    """The classifier role of a method; features arrive raw and are passed through `memory` (may be None)."""
+
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]: ...
+
+    def end_task(self, memory: SlotRouter | None) -> None: ...
+
+    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray: ...
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
+    def restore(self, state: dict[str, np.ndarray]) -> None: ...
+
+    def memory_bytes(self) -> dict[str, int]: ...
+
+
+def state_nbytes(state: dict[str, np.ndarray]) -> int:
+    return int(sum(np.asarray(v).nbytes for v in state.values()))
+
+
+class DistillHead:
+    """A growing linear head trained with CE + old-class distillation (DCDA stage 2, LwF, fine-tune).
+
+    With λ_LwF = λ_anchor = 0 it is plain sequential fine-tuning and keeps no teacher.
+    """
+
+    def __init__(self, feature_dim: int, config: Stage2Config, seed: int):
+        self.config, self.seed = config, seed
+        self.head = GrowingLinearHead(feature_dim)
+        self.teacher: Teacher | None = None
+        self.fits = 0
+
+    @property
+    def distills(self) -> bool:
+        return bool(self.config.lambda_lwf or self.config.lambda_anchor)
+
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+        self.head.grow(labels)
+        history = train_stage2(self.head, memory, features, labels, self.teacher, self.config,
+                               seed=self.seed * 100_003 + self.fits)
+        self.fits += 1
+        return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
+
+    def end_task(self, memory: SlotRouter | None) -> None:
+        if self.distills:
+            self.teacher = Teacher.snapshot(memory, self.head)
+
+    @torch.no_grad()
+    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
+        return self.head.predict(apply_memory(memory, features))
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"head.{k}": v for k, v in self.head.state().items()}
+        if self.teacher is not None:
+            out.update({f"teacher.{k}": v for k, v in self.teacher.state().items()})
+        out["fits"] = np.array(self.fits)
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.head.load_state({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+        teacher = {k[8:]: v for k, v in state.items() if k.startswith("teacher.")}
+        self.teacher = Teacher.from_state(teacher) if teacher else None
+        self.fits = int(state["fits"])
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {"head": self.head.nbytes(),
+                "teacher": state_nbytes(self.teacher.state()) if self.teacher is not None else 0}
+
+
+HeadFactory = Callable[[int, MethodConfig, int], HeadLearner]
+
+HEADS: dict[str, HeadFactory] = {
+    "distill": lambda dim, cfg, seed: DistillHead(dim, cfg.stage2, seed),
+}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a method is: its roles, the settings that define it, and what it is compatible with."""
+
+    name: str
+    summary: str
+    head: str  # key of HEADS
+    memory: bool = False  # a SlotRouter between encoder and head
+    sgse: bool = False  # SGSE grows the memory
+    stage1: bool = False  # DCDA stage 1 trains the memory
+    fixed: dict[str, dict[str, object]] = field(default_factory=dict)  # section -> settings the method fixes
+    task_free: bool = True  # works without task boundaries
+    uses_labels_of: str = "current"  # what labels the head sees: the current block only ("current")
+
+    def resolve(self, config: MethodConfig) -> MethodConfig:
+        """`config` with this method's defining settings applied (they win over user values)."""
+        sections = {name: replace(getattr(config, name), **values) for name, values in self.fixed.items()}
+        return replace(config, name=self.name, **sections)
+
+
+_NO_DISTILL = {"stage2": {"lambda_lwf": 0.0, "lambda_anchor": 0.0}}
+
+METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
+    MethodSpec("mars", "MARS: slot memory + SGSE + DCDA stage 1 and 2", "distill", memory=True, sgse=True, stage1=True),
+    MethodSpec("finetune", "sequential cross-entropy on the frozen features (no memory, no distillation)",
+               "distill", fixed=_NO_DISTILL),
+]}
+
+
+def method_spec(name: str) -> MethodSpec:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; known: {sorted(METHODS)}") from None
+
+
+def build_head(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int) -> HeadLearner:
+    return HEADS[spec.head](feature_dim, spec.resolve(config), seed)
+
+
+def build_memory(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int) -> SlotRouter | None:
+    return SlotRouter(feature_dim, config.router, seed=seed) if spec.memory else None

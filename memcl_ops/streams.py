@@ -1,0 +1,150 @@
+"""Stream specs: how a labelled dataset becomes a non-stationary stream of tasks.
+
+Class-incremental split: classes are shuffled with a seeded order (default seed 1993, the PyCIL/DER
+convention) and cut into tasks. Options:
+
+* `task_free`: the learner gets no task boundaries (task_id is null on training rows); the runner
+  consolidates every K batches instead. Evaluation still happens at the true boundaries.
+* `visits`: the order in which tasks are streamed, with repeats for recurrence (e.g. 0 1 2 0 1 2).
+  A revisit streams the task's training rows again under new sample ids.
+* `drift`: gradual boundaries. The last `drift` fraction of each visit is blended with the start of
+  the next one: a row there is swapped with a row of the next visit with probability rising linearly
+  to 1/2. Every row is still streamed exactly once per visit and keeps its true task id.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    tasks: int = 5
+    first_task_classes: int | None = None  # None: classes split evenly; else the first task's size
+    class_order_seed: int = 1993
+    shuffle_classes: bool = True
+    train_per_class: int | None = None  # subsample (seeded) per class; None: all rows
+    test_per_class: int | None = None
+    sample_seed: int = 0  # subsampling and within-task shuffling
+    task_free: bool = False
+    visits: tuple[int, ...] | None = None  # task order with repeats; None: 0..tasks-1 once
+    drift: float = 0.0
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.tasks < 1 or self.batch_size < 1:
+            raise ValueError("a stream needs at least one task and a positive batch size")
+        if not 0.0 <= self.drift <= 1.0:
+            raise ValueError(f"drift must be in [0, 1], got {self.drift}")
+
+
+def task_classes(num_classes: int, spec: StreamSpec) -> list[list[int]]:
+    """The global class ids of each task, in the seeded class order."""
+    order = np.arange(num_classes)
+    if spec.shuffle_classes:
+        order = np.random.RandomState(spec.class_order_seed).permutation(num_classes)
+    if spec.first_task_classes is None:
+        if num_classes % spec.tasks:
+            raise ValueError(f"{num_classes} classes do not split evenly into {spec.tasks} tasks; "
+                             "set first_task_classes")
+        sizes = [num_classes // spec.tasks] * spec.tasks
+    else:
+        rest = num_classes - spec.first_task_classes
+        if spec.tasks < 2 or rest % (spec.tasks - 1):
+            raise ValueError(f"after {spec.first_task_classes} classes, {rest} do not split into "
+                             f"{spec.tasks - 1} tasks")
+        sizes = [spec.first_task_classes] + [rest // (spec.tasks - 1)] * (spec.tasks - 1)
+    cuts = np.cumsum([0, *sizes])
+    return [order[a:b].tolist() for a, b in itertools.pairwise(cuts)]
+
+
+def _subsample(labels: np.ndarray, classes: list[int], per_class: int | None, rng: np.random.Generator) -> np.ndarray:
+    rows = []
+    for c in classes:
+        idx = np.flatnonzero(labels == c)
+        if per_class is not None and per_class < len(idx):
+            idx = np.sort(rng.choice(idx, per_class, replace=False))
+        rows.append(idx)
+    return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One training batch of the plan: stream positions, dataset rows, true tasks, and the visit index."""
+
+    sample_ids: np.ndarray
+    rows: np.ndarray
+    tasks: np.ndarray
+    visit: int
+
+
+@dataclass
+class StreamPlan:
+    """Everything about a stream that is fixed before it starts (so a resumed run reproduces it)."""
+
+    spec: StreamSpec
+    classes: list[list[int]]
+    train_rows: list[np.ndarray]  # per task, dataset rows of its training data
+    test_rows: list[np.ndarray]  # per task, dataset rows of its test data
+    visits: list[int]
+    visit_rows: list[np.ndarray] = field(default_factory=list)  # per visit, rows in stream order
+    visit_tasks: list[np.ndarray] = field(default_factory=list)  # per visit, the true task of each row
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.classes)
+
+    @property
+    def label_set(self) -> frozenset[int]:
+        return frozenset(c for cs in self.classes for c in cs)
+
+    def batches_of_visit(self, visit: int) -> list[Batch]:
+        """The batches of one visit, with sample ids continuing across visits."""
+        start = sum(len(r) for r in self.visit_rows[:visit])
+        rows, tasks = self.visit_rows[visit], self.visit_tasks[visit]
+        bs = self.spec.batch_size
+        return [Batch(np.arange(start + a, start + min(a + bs, len(rows)), dtype=np.int64), rows[a:a + bs],
+                      tasks[a:a + bs], visit) for a in range(0, len(rows), bs)]
+
+    def all_batches(self) -> Iterator[Batch]:
+        for v in range(len(self.visits)):
+            yield from self.batches_of_visit(v)
+
+    @property
+    def num_samples(self) -> int:
+        return int(sum(len(r) for r in self.visit_rows))
+
+
+def make_plan(train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int, spec: StreamSpec) -> StreamPlan:
+    classes = task_classes(num_classes, spec)
+    rng = np.random.default_rng(spec.sample_seed)
+    train_rows = [_subsample(train_labels, cs, spec.train_per_class, rng) for cs in classes]
+    test_rows = [_subsample(test_labels, cs, spec.test_per_class, rng) for cs in classes]
+    visits = list(spec.visits) if spec.visits is not None else list(range(spec.tasks))
+    if any(not 0 <= v < spec.tasks for v in visits):
+        raise ValueError(f"visits {visits} name tasks outside 0..{spec.tasks - 1}")
+    plan = StreamPlan(spec, classes, train_rows, test_rows, visits)
+    for v in visits:
+        plan.visit_rows.append(rng.permutation(train_rows[v]))
+        plan.visit_tasks.append(np.full(len(train_rows[v]), v, dtype=np.int64))
+    if spec.drift > 0:
+        _blend_boundaries(plan, spec.drift, rng)
+    return plan
+
+
+def _blend_boundaries(plan: StreamPlan, drift: float, rng: np.random.Generator) -> None:
+    for i in range(len(plan.visits) - 1):
+        rows, tasks = plan.visit_rows[i], plan.visit_tasks[i]
+        nxt_rows, nxt_tasks = plan.visit_rows[i + 1], plan.visit_tasks[i + 1]
+        tail = int(len(rows) * drift)
+        head = 0
+        for k in range(tail):
+            pos = len(rows) - tail + k
+            if head < len(nxt_rows) and rng.random() < 0.5 * (k + 1) / (tail + 1):
+                rows[pos], nxt_rows[head] = nxt_rows[head], rows[pos]
+                tasks[pos], nxt_tasks[head] = nxt_tasks[head], tasks[pos]
+                head += 1

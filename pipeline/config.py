@@ -1,0 +1,157 @@
+"""Typed run configuration: YAML mapped onto dataclasses. Every default lives here or in the memcl_ops
+config it nests, once; a YAML file only overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from memcl_ops.datasets import SyntheticSpec
+from memcl_ops.encoders import EncoderSpec
+from memcl_ops.methods import MethodConfig
+from memcl_ops.streams import StreamSpec
+
+
+class ConfigError(ValueError):
+    """A config file or value that does not fit the schema; the message names the key."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "fashion-mnist"  # a memcl_ops.datasets name, image-folder:<path>, or "synthetic"
+    synthetic: SyntheticSpec = SyntheticSpec()  # used when dataset == "synthetic"
+
+
+@dataclass(frozen=True)
+class EncoderPoolConfig:
+    spec: EncoderSpec = EncoderSpec()
+    replicas: int = 1
+    num_cpus: float = 1.0  # Ray CPUs reserved per replica
+    num_gpus: float | Literal["auto"] = "auto"  # "auto": 1 per replica when the cluster has GPUs, else 0
+    threads: int = 2  # torch threads in each replica (Ray sets OMP_NUM_THREADS=1 in actors)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    address: str | None = None  # None: start Ray in-process; "auto": join a running cluster
+    num_cpus: int | None = None  # for an in-process Ray; None: all cores
+    object_store_mb: int = 512
+    max_in_flight: int = 4  # batches in the pipeline at once (backpressure)
+    actor_threads: int = 2  # torch threads in the learner actors
+    cache_dir: str = ".memcl_cache"  # Parquet feature cache; "" disables it (encode in-line)
+    out: str = "runs"
+    checkpoint: bool = True
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The embedded default is `memcl run` with no config: MARS on Fashion-MNIST (5 tasks x 2 classes),
+    EfficientNet-Lite0 features at 64 px, 1200 train / 300 test images per class."""
+
+    seed: int = 0
+    data: DataConfig = DataConfig()
+    stream: StreamSpec = StreamSpec(tasks=5, train_per_class=1200, test_per_class=300)
+    encoder: EncoderPoolConfig = EncoderPoolConfig()
+    method: MethodConfig = MethodConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
+        return from_dict(tp, value, where)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{where}: {value!r} fits none of {tp}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(tp)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        item = typing.get_args(tp)[0]
+        return tuple(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp in (int, str, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported config type {tp}")
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
+    """Build dataclass `cls` from a nested dict, refusing unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    default = cls()
+    values = {}
+    for name, value in data.items():
+        if is_dataclass(hints[name]) and isinstance(value, dict):
+            # nested sections override their defaults key by key
+            base = dataclasses.asdict(getattr(default, name))
+            value = {**base, **value}
+        values[name] = _convert(hints[name], value, f"{where}.{name}")
+    try:
+        return dataclasses.replace(default, **values)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return plain(dataclasses.asdict(config))
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The embedded default, overridden by a YAML file and then by `overrides` (same nesting)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    for key, value in (overrides or {}).items():
+        section = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            section = section.setdefault(p, {})
+        section[leaf] = value
+    return from_dict(RunConfig, data)
+
+
+def dump_config(config: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))

@@ -1,0 +1,117 @@
+"""Run folders: metrics.json, acc_matrix.csv, PNG plots and the printed summary table."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+RUN_FILES = ("config.yaml", "metrics.json", "acc_matrix.csv", "acc_matrix.png", "acc_over_time.png", "slots.png")
+
+
+def write_run(run_dir: Path, metrics: dict) -> None:
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float))
+    render(run_dir, metrics)
+
+
+def render(run_dir: Path, metrics: dict) -> None:
+    """(Re)write the CSV and the plots from a metrics dict."""
+    acc = np.array(metrics["acc_matrix"], dtype=float)
+    tasks = acc.shape[1] if acc.ndim == 2 else 0
+    with open(run_dir / "acc_matrix.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["after_visit", "trained_task", *[f"task{j}" for j in range(tasks)]])
+        for i, row in enumerate(acc):
+            writer.writerow([i, metrics["visits"][i], *["" if np.isnan(v) else f"{v:.4f}" for v in row]])
+    _heatmap(acc, metrics, run_dir / "acc_matrix.png")
+    _over_time(acc, metrics, run_dir / "acc_over_time.png")
+    _slots(metrics, run_dir / "slots.png")
+
+
+def _title(metrics: dict) -> str:
+    return f"{metrics['method']} on {metrics['dataset']} (seed {metrics['seed']})"
+
+
+def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * acc.shape[1], 1.2 + 0.45 * acc.shape[0]))
+    im = ax.imshow(np.ma.masked_invalid(acc), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    for (i, j), v in np.ndenumerate(acc):
+        if not np.isnan(v):
+            ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+    ax.set_xlabel("evaluated on task")
+    ax.set_ylabel("after visit (task trained)")
+    ax.set_yticks(range(acc.shape[0]), [f"{i} ({t})" for i, t in enumerate(metrics["visits"])])
+    ax.set_title(_title(metrics), fontsize=9)
+    fig.colorbar(im, ax=ax, label="accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(1, acc.shape[0] + 1)
+    for j in range(acc.shape[1]):
+        ax.plot(x, acc[:, j], marker="o", ms=3, label=f"task {j}")
+    ax.plot(x, np.nanmean(acc, axis=1), "k--", lw=2, label="mean (seen)")
+    ax.set_xlabel("visits completed")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(_title(metrics), fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _slots(metrics: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 3))
+    history = np.array(metrics["slots"]["history"], dtype=float).reshape(-1, 2)
+    if len(history):
+        end = metrics["samples"]["stream"]
+        xs = np.append(history[:, 0], end)
+        ys = np.append(history[:, 1], history[-1, 1])
+        ax.step(xs, ys, where="post", label="slots")
+        marks = [e["at_sample"] for e in metrics["slots"]["expansions"]]
+        ax.plot(marks, [e["slots"] for e in metrics["slots"]["expansions"]], "rv", ms=5, label="expansion")
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "method has no slot memory", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("samples streamed")
+    ax.set_ylabel("slots")
+    ax.set_title(_title(metrics), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_table(metrics: dict) -> str:
+    acc = np.array(metrics["acc_matrix"], dtype=float)
+    lines = [f"{_title(metrics)}", ""]
+    header = "after visit | " + " ".join(f"task{j:<3d}" for j in range(acc.shape[1]))
+    lines += [header, "-" * len(header)]
+    for i, row in enumerate(acc):
+        cells = " ".join("   -   " if np.isnan(v) else f"{100 * v:6.1f} " for v in row)
+        lines.append(f"{i:>4d} (t{metrics['visits'][i]:<2d}) | {cells}")
+    s = metrics.get("summary") or {}
+    if s:
+        lines += ["", f"A_last {100 * s['a_last']:.2f}   Ā {100 * s['a_mean']:.2f}   "
+                      f"forgetting {100 * s['forgetting']:.2f}   BWT {100 * s['bwt']:.2f}"]
+    samples = metrics["samples"]
+    lines.append(f"samples streamed {samples['stream']}, learned {samples['learned']} "
+                 f"({samples['unique_learned']} unique)")
+    slots = metrics["slots"]
+    if slots["history"]:
+        lines.append(f"slots {slots['history'][0][1]} -> {slots['history'][-1][1]} "
+                     f"({len(slots['expansions'])} expansions, {slots['monitor'].get('tests', 0)} SGSE tests)")
+    mem = metrics["memory_bytes"]
+    lines.append("memory bytes: " + ", ".join(f"{k} {v:,}" for k, v in mem.items()))
+    wall = metrics["wall_seconds"]
+    lines.append("wall seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in wall.items()))
+    return "\n".join(lines)
