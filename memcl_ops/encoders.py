@@ -96,16 +96,21 @@ class _TorchImageEncoder:
 
     def encode(self, batch: pa.RecordBatch) -> np.ndarray:
         x = _images(batch)
-        out = []
         with torch.inference_mode():
-            for chunk in x.split(self.spec.micro_batch):
-                chunk = chunk.to(self.device, non_blocking=True)
-                size = self.spec.image_size
-                if chunk.shape[-2:] != (size, size):
-                    chunk = F.interpolate(chunk, size=(size, size), mode="bilinear", align_corners=False,
-                                          antialias=True)
-                out.append(getattr(self, self.forward_name)((chunk - self.mean) / self.std).float().cpu())
+            out = [self._forward_pixels(chunk).float().cpu() for chunk in x.split(self.spec.micro_batch)]
         return torch.cat(out).numpy() if out else np.zeros((0, self.dim), np.float32)
+
+    def features(self, batch: pa.RecordBatch) -> torch.Tensor:
+        """Features of one raw batch on the device, in one pass; gradients flow when the caller enables them
+        (NSR trains LoRA adapters inside the frozen model)."""
+        return self._forward_pixels(_images(batch))
+
+    def _forward_pixels(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device, non_blocking=True)
+        size = self.spec.image_size
+        if x.shape[-2:] != (size, size):
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        return getattr(self, self.forward_name)((x - self.mean) / self.std)
 
     def _efficientnet(self, x: torch.Tensor) -> torch.Tensor:
         return self.model.extract_features(x).mean(dim=(2, 3))
@@ -177,16 +182,22 @@ class TextEncoder:
         self.id = f"{name}@{spec.max_length}tok"
 
     def encode(self, batch: pa.RecordBatch) -> np.ndarray:
-        texts = _texts(batch)
-        out = []
+        texts, step = _texts(batch), self.spec.micro_batch
         with torch.inference_mode():
-            for start in range(0, len(texts), self.spec.micro_batch):
-                tok = self.tokenizer(texts[start:start + self.spec.micro_batch], padding=True, truncation=True,
-                                     max_length=self.spec.max_length, return_tensors="pt").to(self.device)
-                hidden = self.model(**tok).last_hidden_state
-                mask = tok["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                out.append(((hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)).float().cpu())
+            out = [self._forward_texts(texts[a:a + step]).float().cpu() for a in range(0, len(texts), step)]
         return torch.cat(out).numpy() if out else np.zeros((0, self.dim), np.float32)
+
+    def features(self, batch: pa.RecordBatch) -> torch.Tensor:
+        """Features of one raw batch on the device, in one pass; gradients flow when the caller enables them
+        (NSR trains LoRA adapters inside the frozen model)."""
+        return self._forward_texts(_texts(batch))
+
+    def _forward_texts(self, texts: list[str]) -> torch.Tensor:
+        tok = self.tokenizer(texts, padding=True, truncation=True, max_length=self.spec.max_length,
+                             return_tensors="pt").to(self.device)
+        hidden = self.model(**tok).last_hidden_state
+        mask = tok["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
 
 
 def minilm(spec: EncoderSpec) -> Encoder:
