@@ -9,10 +9,13 @@ import torch
 from memcl_ops import schema as S
 
 
-def labelled_block(batches: tuple[pa.RecordBatch, ...]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """(features, labels, sample_ids) of the labelled rows of `batches`, concatenated in stream order."""
+def labelled_block(batches: tuple[pa.RecordBatch | None, ...]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """(features, labels, sample_ids) of the labelled rows of `batches`, concatenated in stream order
+    (None stands for a batch the gate refused entirely)."""
     feats, labels, ids = [], [], []
     for b in batches:
+        if b is None:
+            continue
         y = S.labels_to_numpy(b)
         keep = y >= 0
         feats.append(S.features_to_numpy(b)[keep])

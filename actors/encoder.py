@@ -7,7 +7,9 @@ import ray
 import torch
 
 from actors.clock import StageClock
+from memcl_ops import schema as S
 from memcl_ops.encoders import EncoderSpec, build_encoder, encode_checked
+from memcl_ops.gate import empty_dead_letters, gate
 
 
 @ray.remote
@@ -30,9 +32,13 @@ class Encoder:
         return {"id": self.encoder.id, "dim": self.encoder.dim, "payload": self.encoder.payload,
                 "device": str(getattr(self.encoder, "device", "cpu")), "node": ray.get_runtime_context().get_node_id()}
 
-    def encode(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    @ray.method(num_returns=2)
+    def encode(self, batch: pa.RecordBatch | None) -> tuple[pa.RecordBatch | None, pa.Table]:
+        """(feature batch, dead letters): rows whose features come out non-finite are refused here."""
         with self.clock.time("encode"):
-            return encode_checked(self.encoder, batch)
+            if batch is None:  # every row was refused upstream
+                return None, empty_dead_letters()
+            return gate(encode_checked(self.encoder, batch), S.Contract(feature_dim=self.encoder.dim))
 
     def timings(self) -> dict:
         return self.clock.report()

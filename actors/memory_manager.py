@@ -31,8 +31,11 @@ class MemoryManager:
         self.refused_expansions = 0
         self.clock = StageClock()
 
-    def route(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Confidence and query per sample (for SGSE); also folds the batch into the anchor statistics."""
+    def route(self, batch: pa.RecordBatch | None) -> pa.RecordBatch | None:
+        """Confidence and query per sample (for SGSE); also folds the batch into the anchor statistics.
+        None (every row refused at the gate) passes through."""
+        if batch is None:
+            return None
         with self.clock.time("route"), torch.no_grad():
             h = S.features_to_torch(batch)
             q, probs = self.router.route(h)

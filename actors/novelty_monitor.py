@@ -21,8 +21,10 @@ class NoveltyMonitor:
         self.monitor = SGSE(config)
         self.clock = StageClock()
 
-    def observe(self, routed: pa.RecordBatch) -> list[Expansion]:
-        """`routed` is MemoryManager.route's output: sample_id, confidence, query."""
+    def observe(self, routed: pa.RecordBatch | None) -> list[Expansion]:
+        """`routed` is MemoryManager.route's output: sample_id, confidence, query (None: nothing to observe)."""
+        if routed is None:
+            return []
         with self.clock.time("monitor"):
             confidence = routed.column("confidence").to_numpy()
             return self.monitor.observe(confidence, S.column_matrix(routed, "query"))

@@ -48,8 +48,10 @@ class Stage2Trainer:
     def end_task(self) -> None:
         self.learner.end_task(self.memory)
 
-    def evaluate(self, batch: pa.RecordBatch) -> tuple[int, int]:
-        """(correct, total) on a labelled feature batch."""
+    def evaluate(self, batch: pa.RecordBatch | None) -> tuple[int, int]:
+        """(correct, total) on a labelled feature batch (None: every row was refused)."""
+        if batch is None:
+            return 0, 0
         with self.clock.time("evaluate"):
             pred = self.learner.predict(S.features_to_torch(batch), self.memory)
             labels = S.labels_to_numpy(batch)

@@ -1,8 +1,7 @@
-"""StreamSource actor: owns a dataset, its stream plan, and (once encoded) its cached features."""
+"""StreamSource actor: owns one stream (a dataset plan, a user's Arrow folder or a generated drift stream) and
+gates every batch it emits: rows that break the contract leave as dead letters, never silently."""
 
 from __future__ import annotations
-
-import hashlib
 
 import numpy as np
 import pyarrow as pa
@@ -10,95 +9,65 @@ import ray
 
 from actors.clock import StageClock
 from memcl_ops import schema as S
-from memcl_ops.datasets import Dataset, SyntheticSpec, load_dataset, make_synthetic
-from memcl_ops.streams import StreamPlan, StreamSpec, make_plan
-
-
-def plan_fingerprint(plan: StreamPlan) -> str:
-    h = hashlib.sha256()
-    for rows in (*plan.visit_rows, *plan.test_rows):
-        h.update(np.ascontiguousarray(rows, dtype=np.int64).tobytes())
-    return h.hexdigest()[:16]
+from memcl_ops.gate import gate
+from memcl_ops.sources import SourceSpec, StreamInfo, build_stream
+from memcl_ops.streams import StreamSpec
 
 
 @ray.remote
 class StreamSource:
-    def __init__(self, dataset: str, synthetic: SyntheticSpec, stream: StreamSpec):
-        self.reset(dataset, synthetic, stream)
+    def __init__(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None):
+        self.reset(source, stream, max_batch_rows)
 
-    def reset(self, dataset: str, synthetic: SyntheticSpec, stream: StreamSpec) -> None:
-        if getattr(self, "dataset_args", None) != (dataset, synthetic):  # reuse the loaded dataset if unchanged
-            self.dataset: Dataset = make_synthetic(synthetic) if dataset == "synthetic" else load_dataset(dataset)
-            self.dataset_args = (dataset, synthetic)
-        self.plan = make_plan(self.dataset.train_y, self.dataset.test_y, self.dataset.num_classes, stream)
-        self.features: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # split -> (rows, features)
-        if self.dataset.payload == "features":
-            self.features = {"train": (np.arange(len(self.dataset.train_y)), self.dataset.train_x),
-                             "test": (np.arange(len(self.dataset.test_y)), self.dataset.test_x)}
+    def reset(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None) -> None:
+        if getattr(self, "args", None) != (source, stream):  # keep a loaded dataset when nothing changed
+            self.stream = build_stream(source, stream)
+            self.args = (source, stream)
+        self.info: StreamInfo = self.stream.describe()
+        self.max_batch_rows = max_batch_rows
         self.clock = StageClock()
-        self.name = self.dataset.name
 
-    def describe(self) -> dict:
-        plan, bs = self.plan, self.plan.spec.batch_size
-        return {
-            "dataset": self.dataset.name, "payload": self.dataset.payload, "image_shape": self.dataset.image_shape,
-            "num_classes": self.dataset.num_classes, "class_names": self.dataset.class_names,
-            "task_classes": plan.classes, "visits": plan.visits,
-            "visit_batches": [len(plan.batches_of_visit(v)) for v in range(len(plan.visits))],
-            "test_batches": [int(np.ceil(len(r) / bs)) for r in plan.test_rows],
-            "num_samples": plan.num_samples, "labels": sorted(plan.label_set),
-            "feature_dim": int(self.dataset.train_x.shape[1]) if self.dataset.payload == "features" else None,
-            "fingerprint": plan_fingerprint(plan),
-        }
+    def describe(self) -> StreamInfo:
+        return self.info
 
-    def visit_tasks(self, visit: int) -> list[int]:
-        """The true tasks whose rows a visit streamed (more than one under drift)."""
-        return sorted(set(self.plan.visit_tasks[visit].tolist()))
+    def contract(self) -> S.Contract:
+        """What the learner accepts: the stream's labels, and its feature dim or raw payload."""
+        features = self.info.feature_dim is not None  # raw streams get it once the feature cache filled them
+        return S.Contract(feature_dim=self.info.feature_dim if features else None,
+                          payload=None if features else self.info.payload,
+                          known_labels=frozenset(self.info.labels) if self.info.labels is not None else None,
+                          max_rows=self.max_batch_rows, require_labels=True)
 
     def needed_rows(self, split: str) -> np.ndarray:
-        rows = self.plan.train_rows if split == "train" else self.plan.test_rows
-        return np.unique(np.concatenate(rows))
+        return self.stream.needed_rows(split)
 
     def raw_rows(self, split: str, rows: np.ndarray) -> pa.RecordBatch:
-        """Raw rows of a split (sample_id = dataset row) for encoding into the feature cache."""
-        _, y = self.dataset.split(split)
-        return self._raw(split, rows, rows, y[rows], None)
+        return self.stream.raw_rows(split, rows)
 
     def set_features(self, split: str, rows: np.ndarray, features: np.ndarray) -> None:
-        self.features[split] = (np.asarray(rows), np.asarray(features))
+        self.stream.set_features(split, rows, features)
+        self.info.feature_dim = int(features.shape[1])
 
-    def train_batch(self, visit: int, index: int) -> pa.RecordBatch:
+    @ray.method(num_returns=2)
+    def train_batch(self, visit: int, index: int) -> tuple[pa.RecordBatch | None, pa.Table]:
+        """(rows that pass the gate, dead letters) of one training batch."""
         with self.clock.time("source"):
-            batch = self.plan.batches_of_visit(visit)[index]
-            tasks = None if self.plan.spec.task_free else batch.tasks
-            return self._emit("train", batch.sample_ids, batch.rows, tasks)
+            return gate(self.stream.train_batch(visit, index), self.contract())
 
-    def test_batch(self, task: int, index: int) -> pa.RecordBatch:
+    @ray.method(num_returns=2)
+    def test_batch(self, task: int, index: int, after_visit: int) -> tuple[pa.RecordBatch | None, pa.Table]:
         with self.clock.time("source"):
-            bs = self.plan.spec.batch_size
-            rows = self.plan.test_rows[task][index * bs:(index + 1) * bs]
-            return self._emit("test", rows, rows, np.full(len(rows), task))
+            return gate(self.stream.test_batch(task, index, after_visit), self.contract())
 
-    def _emit(self, split: str, ids: np.ndarray, rows: np.ndarray, tasks: np.ndarray | None) -> pa.RecordBatch:
-        _, y = self.dataset.split(split)
-        if split in self.features:
-            have, feats = self.features[split]
-            pos = np.searchsorted(have, rows)
-            return S.feature_batch(ids, feats[pos], y[rows], tasks, stream=self.name)
-        return self._raw(split, ids, rows, y[rows], tasks)
-
-    def _raw(self, split: str, ids: np.ndarray, rows: np.ndarray, labels: np.ndarray,
-             tasks: np.ndarray | None) -> pa.RecordBatch:
-        x, _ = self.dataset.split(split)
-        return S.raw_batch(ids, self.dataset.payload, x[rows], labels, tasks,
-                           image_shape=self.dataset.image_shape, stream=self.name)
+    def visit_tasks(self, visit: int) -> list[int]:
+        return self.stream.visit_tasks(visit)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"fingerprint": np.array(plan_fingerprint(self.plan))}
+        return {"fingerprint": np.array(self.info.fingerprint)}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        if str(state["fingerprint"]) != plan_fingerprint(self.plan):
-            raise ValueError("the checkpoint was written for a different stream plan (dataset, seed or split changed)")
+        if str(state["fingerprint"]) != self.info.fingerprint:
+            raise ValueError("the checkpoint was written for a different stream (dataset, seed or split changed)")
 
     def timings(self) -> dict:
         return self.clock.report()

@@ -231,8 +231,8 @@ class Refusal:
 _EXPECTED_TYPES = {SAMPLE_ID: pa.int64(), TASK_ID: pa.int32(), LABEL: pa.int32()}
 
 
-def _batch_level_problem(batch: pa.RecordBatch, contract: Contract) -> BatchError | None:
-    """Problems that make every row unusable (wrong schema, dims, size)."""
+def batch_problem(batch: pa.RecordBatch, contract: Contract) -> BatchError | None:
+    """A violation that makes every row of `batch` unusable (schema, feature dim, empty, oversized), if any."""
     ids = _ids(batch)
     for name, typ in _EXPECTED_TYPES.items():
         idx = batch.schema.get_field_index(name)
@@ -266,7 +266,7 @@ def _batch_level_problem(batch: pa.RecordBatch, contract: Contract) -> BatchErro
 
 def check(batch: pa.RecordBatch, contract: Contract) -> list[Refusal]:
     """Every contract violation in `batch`, grouped by reason, with the refused row indices."""
-    problem = _batch_level_problem(batch, contract)
+    problem = batch_problem(batch, contract)
     if problem is not None:
         return [Refusal(problem, np.arange(batch.num_rows))]
     refusals: list[Refusal] = []
@@ -313,12 +313,8 @@ def validate(batch: pa.RecordBatch, contract: Contract | None = None, **kwargs: 
         raise refusals[0].error
 
 
-def partition(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch | None, list[Refusal]]:
-    """Split `batch` into the rows that satisfy the contract and the refusals (each row refused once,
-    under the first reason that caught it)."""
-    refusals = check(batch, contract)
-    if not refusals:
-        return batch, []
+def split(batch: pa.RecordBatch, refusals: list[Refusal]) -> tuple[pa.RecordBatch | None, list[Refusal]]:
+    """The rows no refusal names, and the refusals with each row kept only under the first reason that caught it."""
     taken = np.zeros(batch.num_rows, dtype=bool)
     unique: list[Refusal] = []
     for refusal in refusals:
@@ -326,6 +322,12 @@ def partition(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch
         if len(rows):
             taken[rows] = True
             unique.append(Refusal(refusal.error, rows))
+    if not unique:
+        return batch, []
     keep = np.flatnonzero(~taken)
-    good = batch.take(pa.array(keep)) if len(keep) else None
-    return good, unique
+    return (batch.take(pa.array(keep)) if len(keep) else None), unique
+
+
+def partition(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch | None, list[Refusal]]:
+    """Split `batch` into the rows that satisfy the contract and the refusals (each row refused once)."""
+    return split(batch, check(batch, contract))

@@ -12,20 +12,14 @@ from typing import Any, Literal
 
 import yaml
 
-from memcl_ops.datasets import SyntheticSpec
 from memcl_ops.encoders import EncoderSpec
 from memcl_ops.methods import MethodConfig
+from memcl_ops.sources import SourceSpec
 from memcl_ops.streams import StreamSpec
 
 
 class ConfigError(ValueError):
     """A config file or value that does not fit the schema; the message names the key."""
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    dataset: str = "fashion-mnist"  # a memcl_ops.datasets name, image-folder:<path>, or "synthetic"
-    synthetic: SyntheticSpec = SyntheticSpec()  # used when dataset == "synthetic"
 
 
 @dataclass(frozen=True)
@@ -48,6 +42,11 @@ class RuntimeConfig:
     out: str = "runs"
     checkpoint: bool = True
     progress: bool = True
+    max_batch_rows: int | None = 4096  # larger batches are refused at the gate (dead letters)
+    max_restarts: int = 2  # Ray restarts of a crashed actor (its state is then restored by the runner)
+    max_recoveries: int = 5  # replays of one visit after actor faults before the run gives up
+    evaluate_every: int = 1  # evaluate after every N-th visit (and always after the last)
+    evaluate_window: int | None = None  # evaluate only the N most recently trained tasks (None: all seen)
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class RunConfig:
     EfficientNet-Lite0 features at 64 px, 1200 train / 300 test images per class."""
 
     seed: int = 0
-    data: DataConfig = DataConfig()
+    data: SourceSpec = SourceSpec()
     stream: StreamSpec = StreamSpec(tasks=5, train_per_class=1200, test_per_class=300)
     encoder: EncoderPoolConfig = EncoderPoolConfig()
     method: MethodConfig = MethodConfig()

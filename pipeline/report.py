@@ -105,7 +105,8 @@ def summary_table(metrics: dict) -> str:
                       f"forgetting {100 * s['forgetting']:.2f}   BWT {100 * s['bwt']:.2f}"]
     samples = metrics["samples"]
     lines.append(f"samples streamed {samples['stream']}, learned {samples['learned']} "
-                 f"({samples['unique_learned']} unique)")
+                 f"({samples['unique_learned']} unique), refused {samples.get('refused', 0)} "
+                 f"{samples.get('refused_by_reason') or ''}")
     slots = metrics["slots"]
     if slots["history"]:
         lines.append(f"slots {slots['history'][0][1]} -> {slots['history'][-1][1]} "

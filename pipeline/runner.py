@@ -1,13 +1,19 @@
 """The streaming runner: builds the actors from a RunConfig, streams the plan through them with bounded
 calls in flight, consolidates (DCDA stage 1 then stage 2) at each task end (every K batches when
-task-free), evaluates on every seen task, checkpoints every actor atomically, and writes the run folder.
+task-free), evaluates, checkpoints every actor atomically, survives actor faults, and writes the run folder.
 
 Per training batch the driver only submits calls; data moves between actors by object reference:
 
     source.train_batch -> [encoder.encode] -> memory.route -> monitor.observe -> memory.expand
+          (gate)              (gate)
 
 Ray runs one caller's calls to one actor in submission order, so each batch is routed by the memory as
 it stood after the previous batch's expansions, and the result is the same for any `max_in_flight`.
+
+Rows that break the contract leave the gates as dead letters (`dead_letters/*.parquet` in the run folder).
+If an actor dies mid-visit, every actor is brought back (Ray restarts it, or the runner starts a new one),
+all are restored to the state after the previous visit, and the visit is replayed: each sample is learned
+exactly once and the result equals an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -15,12 +21,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
+from ray import exceptions as rex
 
 from actors.encoder import Encoder
 from actors.memory_manager import MemoryManager
@@ -31,11 +41,21 @@ from actors.stream_source import StreamSource
 from memcl_ops import schema as S
 from memcl_ops.feature_cache import FeatureCache
 from memcl_ops.methods import MethodSpec, method_spec
+from memcl_ops.sources import StreamInfo
 from pipeline import checkpoint, report
 from pipeline.config import RunConfig, dump_config, load_config
 from pipeline.progress import Progress
 
 log = logging.getLogger("memcl")
+
+# Failures of the machinery (a worker or actor died, an object was lost) that a replay from the last good
+# state repairs; anything else (a bug, bad code) is re-raised at once.
+FAULTS = (rex.RayActorError, rex.ActorUnavailableError, rex.ObjectLostError, rex.OwnerDiedError,
+          rex.WorkerCrashedError)
+
+
+def is_fault(err: BaseException) -> bool:
+    return isinstance(err, FAULTS) or (isinstance(err, rex.RayTaskError) and isinstance(err.cause, FAULTS))
 
 
 def ensure_ray(config: RunConfig) -> None:
@@ -57,40 +77,53 @@ class RunState:
     """The runner's own checkpointed progress."""
 
     next_visit: int = 0
-    acc_rows: list[list[float]] = field(default_factory=list)  # after visit i: accuracy per task (NaN: unseen)
-    seen_tasks: list[int] = field(default_factory=list)
+    acc_rows: list[list[float]] = field(default_factory=list)  # after visit i: accuracy per task (NaN: not evaluated)
+    seen_tasks: list[int] = field(default_factory=list)  # in order of first training
     consolidations: int = 0
     visit_log: list[dict] = field(default_factory=list)
     wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
+    refused: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per reason
+    recoveries: int = 0  # visits replayed after an actor fault
 
     def to_json(self) -> dict:
-        return {"next_visit": self.next_visit, "acc_rows": self.acc_rows, "seen_tasks": self.seen_tasks,
-                "consolidations": self.consolidations, "visit_log": self.visit_log, "wall": self.wall}
+        return dict(self.__dict__)
 
     def add_wall(self, phase: str, seconds: float) -> None:
         self.wall[phase] = self.wall.get(phase, 0.0) + seconds
 
 
 class ActorCache:
-    """Actors kept alive between runs of one process tree (bench, tests): a later run resets them instead of
-    paying an actor start-up again (~4 s each here: a fresh process importing torch)."""
+    """The actors of a process tree by role. A later run resets them instead of paying an actor start-up again
+    (~4 s each here: a fresh process importing torch); after a fault, `revive` brings a role back."""
 
     def __init__(self) -> None:
-        self.handles: dict[str, tuple[dict, ray.actor.ActorHandle]] = {}
+        self.handles: dict[str, tuple[type, dict, tuple, ray.actor.ActorHandle]] = {}
 
     def get(self, role: str, actor_class: type, options: dict, *args: object) -> ray.actor.ActorHandle:
         known = self.handles.get(role)
-        if known is not None and known[0] == options:
-            ray.get(known[1].reset.remote(*args))
-            return known[1]
+        if known is not None and known[1] == options:
+            try:
+                ray.get(known[3].reset.remote(*args))
+                self.handles[role] = (actor_class, options, args, known[3])
+                return known[3]
+            except FAULTS:
+                pass  # dead since its last use: start a new one
         if known is not None:
-            ray.kill(known[1])
+            ray.kill(known[3])
         handle = actor_class.options(**options).remote(*args)
-        self.handles[role] = (options, handle)
+        self.handles[role] = (actor_class, options, args, handle)
         return handle
 
+    def revive(self, role: str) -> ray.actor.ActorHandle:
+        """The role's actor, alive and reset to its construction arguments (restarted by Ray or started anew)."""
+        actor_class, options, args, _ = self.handles[role]
+        return self.get(role, actor_class, options, *args)
+
+    def handle(self, role: str) -> ray.actor.ActorHandle:
+        return self.handles[role][3]
+
     def close(self) -> None:
-        for _, handle in self.handles.values():
+        for *_, handle in self.handles.values():
             ray.kill(handle)
         self.handles.clear()
 
@@ -103,11 +136,17 @@ class EncoderPool:
         gpus = enc.num_gpus
         if gpus == "auto":
             gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
-        options = {"num_cpus": enc.num_cpus, "num_gpus": gpus}
-        self.replicas = [actors.get(f"encoder{i}", Encoder, options, enc.spec, payload, enc.threads)
-                         for i in range(enc.replicas)]
+        options = {"num_cpus": enc.num_cpus, "num_gpus": gpus, "max_restarts": config.runtime.max_restarts}
+        self.roles = [f"encoder{i}" for i in range(enc.replicas)]
+        self.actors = actors
+        for role in self.roles:
+            actors.get(role, Encoder, options, enc.spec, payload, enc.threads)
         self.info = ray.get([r.info.remote() for r in self.replicas])
         self.next = 0
+
+    @property
+    def replicas(self) -> list[ray.actor.ActorHandle]:
+        return [self.actors.handle(role) for role in self.roles]
 
     @property
     def id(self) -> str:
@@ -117,46 +156,77 @@ class EncoderPool:
     def dim(self) -> int:
         return self.info[0]["dim"]
 
-    def encode(self, batch_ref: ray.ObjectRef) -> ray.ObjectRef:
-        replica = self.replicas[self.next]
-        self.next = (self.next + 1) % len(self.replicas)
+    def encode(self, batch_ref: ray.ObjectRef) -> tuple[ray.ObjectRef, ray.ObjectRef]:
+        """(feature batch, dead letters) refs for one raw batch ref."""
+        replica = self.actors.handle(self.roles[self.next])
+        self.next = (self.next + 1) % len(self.roles)
         return replica.encode.remote(batch_ref)
+
+    def revive(self) -> None:
+        for role in self.roles:
+            self.actors.revive(role)
+        self.next = 0
+
+
+@dataclass
+class Submitted:
+    """One training batch in flight: its feature batch, the last call of its chain and its dead letters."""
+
+    features: ray.ObjectRef
+    tail: ray.ObjectRef
+    letters: list[ray.ObjectRef]
 
 
 class Pipeline:
     """The actors of one run, wired for one method."""
 
-    def __init__(self, config: RunConfig, spec: MethodSpec, describe: dict, source: ray.actor.ActorHandle,
-                 encoders: EncoderPool | None, feature_dim: int, actors: ActorCache):
-        self.config, self.spec, self.describe, self.source, self.encoders = config, spec, describe, source, encoders
-        self.inline = encoders is not None  # no feature cache: encode on the fly
-        method, seed, threads = spec.resolve(config.method), config.seed, config.runtime.actor_threads
-        light = {"num_cpus": 0}  # learner actors do little work per call; the encoders hold the CPUs
-        self.memory = (actors.get("memory", MemoryManager, light, feature_dim, method.router, method.sgse.max_slots,
-                                  seed, threads) if spec.memory else None)
-        self.monitor = actors.get("monitor", NoveltyMonitor, light, method.sgse) if spec.sgse else None
-        self.stage1 = (actors.get("stage1", Stage1Trainer, light, feature_dim, method.router, method.stage1, seed,
-                                  threads) if spec.stage1 else None)
-        self.stage2 = actors.get("stage2", Stage2Trainer, light, method, feature_dim, seed, threads)
-        self.method = method
+    LEARNER_ROLES = ("memory", "monitor", "stage1", "stage2")
 
-    def actors(self) -> dict[str, ray.actor.ActorHandle]:
-        named = {"source": self.source, "memory": self.memory, "monitor": self.monitor, "stage1": self.stage1,
-                 "stage2": self.stage2}
-        return {k: v for k, v in named.items() if v is not None}
+    def __init__(self, config: RunConfig, spec: MethodSpec, info: StreamInfo, actors: ActorCache,
+                 encoders: EncoderPool | None, inline: bool):
+        self.config, self.spec, self.info, self.actors = config, spec, info, actors
+        self.encoders, self.inline = encoders, inline  # inline: no feature cache, encode on the fly
+        self.method = method = spec.resolve(config.method)
+        seed, threads, dim = config.seed, config.runtime.actor_threads, info.feature_dim
+        # Learner actors do little work per call (the encoders hold the CPUs); Ray restarts them after a crash.
+        light = {"num_cpus": 0, "max_restarts": config.runtime.max_restarts}
+        self.roles = ["source"]
+        if spec.memory:
+            actors.get("memory", MemoryManager, light, dim, method.router, method.sgse.max_slots, seed, threads)
+            self.roles.append("memory")
+        if spec.sgse:
+            actors.get("monitor", NoveltyMonitor, light, method.sgse)
+            self.roles.append("monitor")
+        if spec.stage1:
+            actors.get("stage1", Stage1Trainer, light, dim, method.router, method.stage1, seed, threads)
+            self.roles.append("stage1")
+        actors.get("stage2", Stage2Trainer, light, method, dim, seed, threads)
+        self.roles.append("stage2")
 
-    def features(self, batch_ref: ray.ObjectRef) -> ray.ObjectRef:
-        return self.encoders.encode(batch_ref) if self.inline else batch_ref
+    def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
+        # pipe.memory, pipe.stage2, ...: the current handle of a role (it changes when a role is revived)
+        if role in ("source", *self.LEARNER_ROLES):
+            return self.actors.handle(role) if role in self.roles else None
+        raise AttributeError(role)
 
-    def learn_batch(self, visit: int, index: int) -> tuple[ray.ObjectRef, ray.ObjectRef]:
-        """Submit one training batch through the chain; returns (feature batch ref, last ref of the chain)."""
-        feats = self.features(self.source.train_batch.remote(visit, index))
+    def _features(self, batch_ref: ray.ObjectRef, letters: list[ray.ObjectRef]) -> ray.ObjectRef:
+        if not self.inline:
+            return batch_ref
+        features, more = self.encoders.encode(batch_ref)
+        letters.append(more)
+        return features
+
+    def learn_batch(self, visit: int, index: int) -> Submitted:
+        """Submit one training batch through the chain."""
+        batch, letters = self.source.train_batch.remote(visit, index)
+        letters = [letters]
+        feats = self._features(batch, letters)
         tail = feats
         if self.memory is not None:
             tail = routed = self.memory.route.remote(feats)
             if self.monitor is not None:
                 tail = self.memory.expand.remote(self.monitor.observe.remote(routed))
-        return feats, tail
+        return Submitted(feats, tail, letters)
 
     def consolidate(self, block: list[ray.ObjectRef]) -> dict:
         """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot."""
@@ -172,36 +242,52 @@ class Pipeline:
         out["seconds"] = {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
         return out
 
-    def evaluate(self, tasks: list[int]) -> dict[int, float]:
-        refs = {t: [self.stage2.evaluate.remote(self.features(self.source.test_batch.remote(t, k)))
-                    for k in range(self.describe["test_batches"][t])] for t in tasks}
+    def evaluate(self, tasks: list[int], after_visit: int) -> tuple[dict[int, float], list[ray.ObjectRef]]:
+        """Accuracy per task on its test data, and the dead-letter refs of refused test rows."""
+        letters: list[ray.ObjectRef] = []
+        refs = {}
+        for t in tasks:
+            refs[t] = []
+            for k in range(self.info.test_batches[t]):
+                batch, refused = self.source.test_batch.remote(t, k, after_visit)
+                letters.append(refused)
+                refs[t].append(self.stage2.evaluate.remote(self._features(batch, letters)))
         accuracy = {}
         for t, parts in refs.items():
             counts = np.array(ray.get(parts)).reshape(-1, 2).sum(axis=0)
-            accuracy[t] = float(counts[0] / max(counts[1], 1))
-        return accuracy
+            accuracy[t] = float(counts[0] / counts[1]) if counts[1] else float("nan")
+        return accuracy, letters
 
     def state(self) -> dict[str, checkpoint.State]:
-        names, handles = zip(*self.actors().items())
-        return dict(zip(names, ray.get([h.state.remote() for h in handles])))
+        return dict(zip(self.roles, ray.get([getattr(self, r).state.remote() for r in self.roles])))
 
     def restore(self, parts: dict[str, checkpoint.State]) -> None:
-        ray.get([h.restore.remote(parts[name]) for name, h in self.actors().items()])
+        ray.get([getattr(self, r).restore.remote(parts[r]) for r in self.roles])
+
+    def revive(self, parts: dict[str, checkpoint.State], features: dict[str, tuple]) -> None:
+        """After a fault: every role alive and reset, the source given its features again, all restored."""
+        for role in self.roles:
+            self.actors.revive(role)
+        if self.encoders is not None:
+            self.encoders.revive()
+        for split, (rows, feats) in features.items():
+            ray.get(self.source.set_features.remote(split, rows, feats))
+        self.restore(parts)
 
     def timings(self) -> dict[str, dict]:
-        handles = dict(self.actors())
-        if self.encoders is not None:
-            handles.update({f"encoder{i}": r for i, r in enumerate(self.encoders.replicas)})
-        return dict(zip(handles, ray.get([h.timings.remote() for h in handles.values()])))
+        roles = list(self.roles) + (self.encoders.roles if self.encoders is not None else [])
+        handles = [self.actors.handle(r) for r in roles]
+        return dict(zip(roles, ray.get([h.timings.remote() for h in handles])))
 
 
-
-def encode_into_cache(config: RunConfig, source: ray.actor.ActorHandle, encoders: EncoderPool, describe: dict,
-                      progress: Progress) -> None:
-    """Encode every row the stream needs that the Parquet cache lacks, then hand the features to the source."""
+def encode_into_cache(config: RunConfig, source: ray.actor.ActorHandle, encoders: EncoderPool, info: StreamInfo,
+                      progress: Progress) -> dict[str, tuple[ray.ObjectRef, ray.ObjectRef]]:
+    """Encode every row the stream needs that the Parquet cache lacks, then hand the features to the source.
+    Returns the (rows, features) object refs per split, to hand over again if the source is ever restarted."""
     cache = FeatureCache(config.runtime.cache_dir)
+    handed = {}
     for split in ("train", "test"):
-        key = FeatureCache.key(encoders.id, describe["dataset"], split)
+        key = FeatureCache.key(encoders.id, info.name, split)
         rows = ray.get(source.needed_rows.remote(split))
         feats, missing = cache.lookup(key, rows)
         if feats is None:
@@ -211,21 +297,27 @@ def encode_into_cache(config: RunConfig, source: ray.actor.ActorHandle, encoders
             pending: deque[tuple[np.ndarray, ray.ObjectRef]] = deque()
             results = []
             for chunk in chunks:
-                pending.append((chunk, encoders.encode(source.raw_rows.remote(split, chunk))))
-                if len(pending) > config.runtime.max_in_flight * len(encoders.replicas):
+                features, _ = encoders.encode(source.raw_rows.remote(split, chunk))
+                pending.append((chunk, features))
+                if len(pending) > config.runtime.max_in_flight * len(encoders.roles):
                     results.append(_take(pending, bar))
             while pending:
                 results.append(_take(pending, bar))
             bar.close()
             cache.add(key, np.concatenate([r for r, _ in results]), np.concatenate([f for _, f in results]))
             feats, missing = cache.lookup(key, rows)
-        ray.get(source.set_features.remote(split, rows, feats))
+        handed[split] = (ray.put(rows), ray.put(feats))
+        ray.get(source.set_features.remote(split, *handed[split]))
+    return handed
 
 
 def _take(pending: deque, bar) -> tuple[np.ndarray, np.ndarray]:
     rows, ref = pending.popleft()
     batch = ray.get(ref)
     bar.update(1)
+    if batch is None or batch.num_rows != len(rows):
+        raise RuntimeError(f"the encoder refused rows of the dataset itself (rows {rows[:5].tolist()}...): "
+                           "its features are not finite")
     return rows, np.array(S.features_to_numpy(batch))
 
 
@@ -240,23 +332,29 @@ def new_run_dir(config: RunConfig, dataset: str) -> Path:
     return path
 
 
+BatchHook = Callable[[int, int], None]  # called with (visit, batch index) after each batch is submitted
+VisitHook = Callable[[int, "RunState", "Pipeline"], None]  # called after each visit is complete
+
+
 def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
-        progress: bool | None = None, actors: ActorCache | None = None) -> dict:
+        progress: bool | None = None, actors: ActorCache | None = None, on_batch: BatchHook | None = None,
+        on_visit: VisitHook | None = None) -> dict:
     """Run (or resume) one continual-learning stream; returns the metrics dict written to metrics.json.
 
     `actors`: reuse the actors of earlier runs (they are reset); by default the run starts and kills its own.
+    `on_batch` / `on_visit`: observers (fault injection in tests, resource sampling in `memcl stress`).
     """
     own = actors is None
     actors = actors or ActorCache()
     try:
-        return _run(config, run_dir, resume, progress, actors)
+        return _run(config, run_dir, resume, progress, actors, on_batch, on_visit)
     finally:
         if own:
             actors.close()
 
 
 def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, progress: bool | None,
-         actors: ActorCache) -> dict:
+         actors: ActorCache, on_batch: BatchHook | None, on_visit: VisitHook | None) -> dict:
     if resume is not None:
         run_dir = Path(resume)
         config = load_config(run_dir / "config.yaml")
@@ -264,114 +362,151 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
     spec = method_spec(config.method.name)
     if config.stream.task_free and not spec.task_free:
         raise ValueError(f"method {spec.name} needs task boundaries; it cannot run a task-free stream")
-    show = config.runtime.progress if progress is None else progress
+    rt = config.runtime
+    bars = Progress(enabled=rt.progress if progress is None else progress)
     started = time.perf_counter()
     ensure_ray(config)
-    bars = Progress(enabled=show)
-    source = actors.get("source", StreamSource, {"num_cpus": 0}, config.data.dataset, config.data.synthetic,
-                        config.stream)
-    describe = ray.get(source.describe.remote())
-    if run_dir is None:
-        run_dir = new_run_dir(config, describe["dataset"])
+    source = actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": rt.max_restarts}, config.data,
+                        config.stream, rt.max_batch_rows)
+    info: StreamInfo = ray.get(source.describe.remote())
+    run_dir = run_dir or new_run_dir(config, info.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
         dump_config(config, run_dir / "config.yaml")
 
-    state = RunState()
-    encoders = None
+    encoders, features = None, {}
     t0 = time.perf_counter()
-    if describe["payload"] == "features":
-        feature_dim = describe["feature_dim"]
-    else:
-        encoders = EncoderPool(config, describe["payload"], actors)
-        feature_dim = encoders.dim
-        if config.runtime.cache_dir:
-            encode_into_cache(config, source, encoders, describe, bars)
-    encode_seconds = time.perf_counter() - t0
-    inline = encoders if (encoders is not None and not config.runtime.cache_dir) else None
-    pipe = Pipeline(config, spec, describe, source, inline, feature_dim, actors)
+    if info.feature_dim is None:
+        encoders = EncoderPool(config, info.payload, actors)
+        if rt.cache_dir and info.cacheable:
+            features = encode_into_cache(config, source, encoders, info, bars)
+        info = ray.get(source.describe.remote())
+        info.feature_dim = info.feature_dim or encoders.dim
+    pipe = Pipeline(config, spec, info, actors, encoders, inline=encoders is not None and not features)
+    state = RunState()
     ckpt_dir = run_dir / "checkpoints"
-    if resume is not None:
-        found = checkpoint.latest_valid(ckpt_dir)
-        if found is not None:
-            path, parts, meta = found
-            pipe.restore(parts)
-            state = RunState(**meta)
-            log.info("resumed from %s at visit %d", path, state.next_visit)
-    state.add_wall("encode_cache", encode_seconds)
+    if resume is not None and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
+        path, parts, meta = found
+        pipe.restore(parts)
+        state = RunState(**meta)
+        log.info("resumed from %s at visit %d", path, state.next_visit)
+    state.add_wall("encode_cache", time.perf_counter() - t0)
+    last_good = pipe.state()  # what a fault rolls every actor back to
 
-    num_tasks = len(describe["task_classes"])
-    visits = describe["visits"]
-    every = config.method.consolidate_every
-    for v in range(state.next_visit, len(visits)):
-        task = visits[v]
-        n = describe["visit_batches"][v]
-        bar = bars.bar(f"task {task + 1}/{num_tasks} (visit {v + 1}/{len(visits)}) stream", n)
-        t_stream = time.perf_counter()
-        pending: deque[ray.ObjectRef] = deque()
-        block: list[ray.ObjectRef] = []
-        consolidations: list[dict] = []
-        stream_seconds = 0.0
-        for i in range(n):
-            feats, tail = pipe.learn_batch(v, i)
-            block.append(feats)
-            pending.append(tail)
-            if len(pending) > config.runtime.max_in_flight:
-                ray.get(pending.popleft())
-                bar.update(1)
-            if config.stream.task_free and len(block) == every and i < n - 1:
-                ray.get(list(pending))
-                bar.update(len(pending))
-                pending.clear()
-                stream_seconds += time.perf_counter() - t_stream
-                consolidations.append(pipe.consolidate(block))
-                t_stream = time.perf_counter()
-                block = []
-        ray.get(list(pending))
-        bar.update(len(pending))
-        bar.close()
-        stream_seconds += time.perf_counter() - t_stream
-        state.add_wall("stream", stream_seconds)
-        if block:
-            consolidations.append(pipe.consolidate(block))
-        del block, pending
-        for c in consolidations:
-            for k, s in c["seconds"].items():
-                state.add_wall(k, s)
-        state.consolidations += len(consolidations)
-
-        t_eval = time.perf_counter()
-        for t in ray.get(source.visit_tasks.remote(v)):
-            if t not in state.seen_tasks:
-                state.seen_tasks.append(t)
-        accuracy = pipe.evaluate(sorted(state.seen_tasks))
-        state.add_wall("evaluate", time.perf_counter() - t_eval)
-        state.acc_rows.append([accuracy.get(t, float("nan")) for t in range(num_tasks)])
-        memory = ray.get(pipe.memory.memory_report.remote()) if pipe.memory is not None else {}
-        state.visit_log.append({"visit": v, "task": task, "accuracy": accuracy,
-                                "mean_seen": float(np.mean(list(accuracy.values()))), "memory": memory,
-                                "stage2": [c["stage2"] for c in consolidations]})
-        state.next_visit = v + 1
-        if config.runtime.checkpoint:
+    for v in range(state.next_visit, len(info.visits)):
+        for attempt in range(rt.max_recoveries + 1):
+            try:
+                outcome = _visit(pipe, info, state, v, bars, on_batch)
+                break
+            except Exception as err:
+                if not is_fault(err) or attempt == rt.max_recoveries:
+                    raise
+                log.warning("actor fault during visit %d (%s); restoring and replaying it", v, type(err).__name__)
+                state.recoveries += 1
+                pipe.revive(last_good, features)
+        _commit_visit(pipe, info, state, v, outcome, run_dir)
+        last_good = pipe.state()
+        if rt.checkpoint:
             t_ckpt = time.perf_counter()
-            checkpoint.write(ckpt_dir, v, pipe.state(), state.to_json())
+            checkpoint.write(ckpt_dir, v, last_good, state.to_json())
             state.add_wall("checkpoint", time.perf_counter() - t_ckpt)
-        bars.note(f"after visit {v + 1}: mean accuracy on seen tasks {state.visit_log[-1]['mean_seen']:.3f}")
+        if on_visit is not None:
+            on_visit(v, state, pipe)
 
-    metrics = collect_metrics(config, pipe, describe, state, time.perf_counter() - started)
+    metrics = collect_metrics(config, pipe, info, state, time.perf_counter() - started)
     report.write_run(run_dir, metrics)
     metrics["run_dir"] = str(run_dir)
     return metrics
 
 
-def collect_metrics(config: RunConfig, pipe: Pipeline, describe: dict, state: RunState, wall: float) -> dict:
+def _visit(pipe: Pipeline, info: StreamInfo, state: RunState, v: int, bars: Progress,
+           on_batch: BatchHook | None) -> dict:
+    """Stream visit `v`, consolidate and evaluate. Nothing of the run state changes here, so a fault can replay it."""
+    rt, every = pipe.config.runtime, pipe.config.method.consolidate_every
+    task, n = info.visits[v], info.visit_batches[v]
+    bar = bars.bar(f"task {task + 1}/{len(info.task_classes)} (visit {v + 1}/{len(info.visits)}) stream", n)
+    t_stream = time.perf_counter()
+    pending: deque[ray.ObjectRef] = deque()
+    block: list[ray.ObjectRef] = []
+    letters: list[ray.ObjectRef] = []
+    consolidations: list[dict] = []
+    stream_seconds = 0.0
+    for i in range(n):
+        sub = pipe.learn_batch(v, i)
+        block.append(sub.features)
+        pending.append(sub.tail)
+        letters += sub.letters
+        if on_batch is not None:
+            on_batch(v, i)
+        if len(pending) > rt.max_in_flight:
+            ray.get(pending.popleft())
+            bar.update(1)
+        if pipe.config.stream.task_free and len(block) == every and i < n - 1:
+            ray.get(list(pending))
+            bar.update(len(pending))
+            pending.clear()
+            stream_seconds += time.perf_counter() - t_stream
+            consolidations.append(pipe.consolidate(block))
+            t_stream = time.perf_counter()
+            block = []
+    ray.get(list(pending))
+    bar.update(len(pending))
+    bar.close()
+    stream_seconds += time.perf_counter() - t_stream
+    if block:
+        consolidations.append(pipe.consolidate(block))
+
+    t_eval = time.perf_counter()
+    seen = list(state.seen_tasks)
+    for t in ray.get(pipe.source.visit_tasks.remote(v)):
+        if t not in seen:
+            seen.append(t)
+    last = v == len(info.visits) - 1
+    accuracy: dict[int, float] = {}
+    if last or (v + 1) % rt.evaluate_every == 0:
+        recent = seen if rt.evaluate_window is None else seen[-rt.evaluate_window:]
+        accuracy, test_letters = pipe.evaluate(sorted(recent), v)
+        letters += test_letters
+    refused = [t for t in ray.get(letters) if t.num_rows]
+    dead = pa.concat_tables(refused) if refused else None
+    return {"consolidations": consolidations, "accuracy": accuracy, "seen": seen, "dead": dead,
+            "seconds": {"stream": stream_seconds, "evaluate": time.perf_counter() - t_eval}}
+
+
+def _commit_visit(pipe: Pipeline, info: StreamInfo, state: RunState, v: int, outcome: dict, run_dir: Path) -> None:
+    """Fold a completed visit into the run state and write its dead letters."""
+    for c in outcome["consolidations"]:
+        for k, s in c["seconds"].items():
+            state.add_wall(k, s)
+    for k, s in outcome["seconds"].items():
+        state.add_wall(k, s)
+    state.consolidations += len(outcome["consolidations"])
+    state.seen_tasks = outcome["seen"]
+    accuracy = outcome["accuracy"]
+    state.acc_rows.append([accuracy.get(t, float("nan")) for t in range(len(info.task_classes))])
+    dead = outcome["dead"]
+    if dead is not None and dead.num_rows:
+        (run_dir / "dead_letters").mkdir(exist_ok=True)
+        pq.write_table(dead, run_dir / "dead_letters" / f"visit-{v:06d}.parquet")  # a replay overwrites, never adds
+        for reason, count in Counter(dead.column("reason").to_pylist()).items():
+            state.refused[reason] = state.refused.get(reason, 0) + count
+    memory = ray.get(pipe.memory.memory_report.remote()) if pipe.memory is not None else {}
+    evaluated = [a for a in accuracy.values() if not np.isnan(a)]
+    state.visit_log.append({"visit": v, "task": info.visits[v], "accuracy": accuracy,
+                            "mean_seen": float(np.mean(evaluated)) if evaluated else None, "memory": memory,
+                            "stage2": [c["stage2"] for c in outcome["consolidations"]],
+                            "refused": 0 if dead is None else dead.num_rows, "time": time.time()})
+    state.next_visit = v + 1
+
+
+def collect_metrics(config: RunConfig, pipe: Pipeline, info: StreamInfo, state: RunState, wall: float) -> dict:
     from memcl_ops import metrics as M
 
-    acc = np.array(state.acc_rows, dtype=np.float64)
-    first_rows = [describe["visits"].index(t) for t in range(len(describe["task_classes"]))
-                  if t in describe["visits"]]
-    square = acc[np.ix_(first_rows, list(range(len(first_rows))))] if len(first_rows) else acc
-    summary = M.Summary.of(square) if square.size else None
+    acc = np.array(state.acc_rows, dtype=np.float64).reshape(len(state.acc_rows), len(info.task_classes))
+    first_rows = [info.visits.index(t) for t in range(len(info.task_classes)) if t in info.visits]
+    square = acc[np.ix_(first_rows, list(range(len(first_rows))))] if first_rows else acc
+    complete = square.size and not np.isnan(square[np.tril_indices(len(square))]).any()
+    summary = M.Summary.of(square) if complete else None
     learned = ray.get(pipe.stage2.learned_ids.remote())
     history = ray.get(pipe.memory.history.remote()) if pipe.memory is not None else {}
     monitor = ray.get(pipe.monitor.counters.remote()) if pipe.monitor is not None else {}
@@ -381,15 +516,15 @@ def collect_metrics(config: RunConfig, pipe: Pipeline, describe: dict, state: Ru
     busy = {f"{actor}.{stage}": v["seconds"] for actor, stages in timings.items() for stage, v in stages.items()}
     return {
         "method": config.method.name,
-        "dataset": describe["dataset"],
+        "dataset": info.name,
         "seed": config.seed,
-        "task_classes": describe["task_classes"],
-        "visits": describe["visits"],
+        "task_classes": info.task_classes,
+        "visits": info.visits,
         "acc_matrix": acc.tolist(),
         "summary": summary.as_dict() if summary else {},
-        "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size else float("nan"),
-        "samples": {"stream": describe["num_samples"], "learned": len(learned),
-                    "unique_learned": len(np.unique(learned))},
+        "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size and not np.isnan(acc[-1]).all() else None,
+        "samples": {"stream": info.num_samples, "learned": len(learned), "unique_learned": len(np.unique(learned)),
+                    "refused": sum(state.refused.values()), "refused_by_reason": state.refused},
         "slots": {"history": history.get("slot_history", []), "expansions": history.get("expansions", []),
                   "refused_expansions": history.get("refused_expansions", 0), "monitor": monitor},
         "memory_bytes": {**{k: v for k, v in memory.items() if k != "num_slots"},
@@ -398,4 +533,5 @@ def collect_metrics(config: RunConfig, pipe: Pipeline, describe: dict, state: Ru
         "actor_busy_seconds": busy,
         "visit_log": state.visit_log,
         "consolidations": state.consolidations,
+        "recoveries": state.recoveries,
     }

@@ -1,0 +1,316 @@
+"""Where a stream's batches come from. One protocol, three kinds:
+
+* `DatasetStream`: a real dataset cut into class-incremental tasks by a `StreamPlan` (raw payload, or
+  features once the encoder/cache has provided them);
+* `ArrowDirStream`: the user's own stream, a folder of Arrow IPC files read in name order
+  (`train/*.arrow`, optional `test/*.arrow`); files may hold anything, malformed batches included;
+  the boundary gate sorts them out;
+* `DriftStream`: a long-horizon non-stationary stream generated in feature space (stress tests):
+  recurring tasks, gradual drift of every class mean, and abrupt shifts into new regions.
+
+Visits are the units the runner consolidates and evaluates after (a task's stretch of the stream).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memcl_ops import schema as S
+from memcl_ops.datasets import Dataset, SyntheticSpec, load_dataset, make_synthetic
+from memcl_ops.streams import StreamPlan, StreamSpec, make_plan
+
+
+@dataclass
+class StreamInfo:
+    name: str
+    payload: str  # "image", "text" or "features"
+    task_classes: list[list[int]]
+    visits: list[int]  # task index of each visit
+    visit_batches: list[int]
+    test_batches: list[int]  # per task
+    num_samples: int
+    labels: list[int] | None  # the label set the gate accepts (None: any label >= 0)
+    fingerprint: str
+    image_shape: tuple[int, ...] | None = None
+    feature_dim: int | None = None
+    novel_shifts: int | None = None  # generated streams: the true novel events injected (N_T)
+    cacheable: bool = False  # raw rows of a fixed dataset: their features can go to the feature cache
+    extra: dict = field(default_factory=dict)
+
+
+class Stream(Protocol):
+    def describe(self) -> StreamInfo: ...
+
+    def train_batch(self, visit: int, index: int) -> pa.RecordBatch: ...
+
+    def test_batch(self, task: int, index: int, after_visit: int) -> pa.RecordBatch: ...
+
+    def visit_tasks(self, visit: int) -> list[int]: ...
+
+
+def _fingerprint(arrays: list[np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+class DatasetStream:
+    def __init__(self, dataset: Dataset, spec: StreamSpec):
+        self.dataset, self.spec = dataset, spec
+        self.plan: StreamPlan = make_plan(dataset.train_y, dataset.test_y, dataset.num_classes, spec)
+        self.features: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # split -> (sorted rows, features)
+        if dataset.payload == "features":
+            self.features = {"train": (np.arange(len(dataset.train_y)), dataset.train_x),
+                             "test": (np.arange(len(dataset.test_y)), dataset.test_x)}
+
+    def describe(self) -> StreamInfo:
+        plan, bs = self.plan, self.spec.batch_size
+        ds = self.dataset
+        return StreamInfo(
+            name=ds.name, payload=ds.payload, task_classes=plan.classes, visits=plan.visits,
+            visit_batches=[len(plan.batches_of_visit(v)) for v in range(len(plan.visits))],
+            test_batches=[int(np.ceil(len(r) / bs)) for r in plan.test_rows], num_samples=plan.num_samples,
+            labels=sorted(plan.label_set), fingerprint=_fingerprint([*plan.visit_rows, *plan.test_rows]),
+            image_shape=ds.image_shape,
+            feature_dim=int(ds.train_x.shape[1]) if ds.payload == "features" else None,
+            cacheable=ds.payload != "features", extra={"class_names": list(ds.class_names)})
+
+    def needed_rows(self, split: str) -> np.ndarray:
+        rows = self.plan.train_rows if split == "train" else self.plan.test_rows
+        return np.unique(np.concatenate(rows))
+
+    def raw_rows(self, split: str, rows: np.ndarray) -> pa.RecordBatch:
+        """Raw rows of a split (sample_id = dataset row), for encoding into the feature cache."""
+        _, y = self.dataset.split(split)
+        return self._raw(split, rows, rows, y[rows], None)
+
+    def set_features(self, split: str, rows: np.ndarray, features: np.ndarray) -> None:
+        order = np.argsort(rows)
+        self.features[split] = (np.asarray(rows)[order], np.asarray(features)[order])
+
+    def train_batch(self, visit: int, index: int) -> pa.RecordBatch:
+        batch = self.plan.batches_of_visit(visit)[index]
+        return self._emit("train", batch.sample_ids, batch.rows, None if self.spec.task_free else batch.tasks)
+
+    def test_batch(self, task: int, index: int, after_visit: int) -> pa.RecordBatch:
+        bs = self.spec.batch_size
+        rows = self.plan.test_rows[task][index * bs:(index + 1) * bs]
+        return self._emit("test", rows, rows, np.full(len(rows), task))
+
+    def visit_tasks(self, visit: int) -> list[int]:
+        return sorted(set(self.plan.visit_tasks[visit].tolist()))
+
+    def _emit(self, split: str, ids: np.ndarray, rows: np.ndarray, tasks: np.ndarray | None) -> pa.RecordBatch:
+        _, y = self.dataset.split(split)
+        if split in self.features:
+            have, feats = self.features[split]
+            return S.feature_batch(ids, feats[np.searchsorted(have, rows)], y[rows], tasks, stream=self.dataset.name)
+        return self._raw(split, ids, rows, y[rows], tasks)
+
+    def _raw(self, split: str, ids: np.ndarray, rows: np.ndarray, labels: np.ndarray,
+             tasks: np.ndarray | None) -> pa.RecordBatch:
+        x, _ = self.dataset.split(split)
+        return S.raw_batch(ids, self.dataset.payload, x[rows], labels, tasks, image_shape=self.dataset.image_shape,
+                           stream=self.dataset.name)
+
+
+def _read_arrow(path: Path) -> pa.RecordBatch:
+    """One IPC file (file or stream format) as one batch; unreadable files become a one-row error batch."""
+    try:
+        try:
+            table = pa.ipc.open_file(path).read_all()
+        except pa.ArrowInvalid:
+            table = pa.ipc.open_stream(path.read_bytes()).read_all()
+    except (pa.ArrowInvalid, OSError) as err:
+        return pa.RecordBatch.from_pydict({"unreadable_file": [str(path)], "error": [str(err)]})
+    batches = table.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
+def _first_task(batch: pa.RecordBatch) -> int | None:
+    idx = batch.schema.get_field_index(S.TASK_ID)
+    if idx < 0 or not pa.types.is_integer(batch.schema.field(idx).type):
+        return None
+    values = pc.drop_null(batch.column(idx))
+    return int(values[0].as_py()) if len(values) else None
+
+
+class ArrowDirStream:
+    """A folder of Arrow IPC files: `train/*.arrow` in name order is the stream, `test/*.arrow` the
+    evaluation data (rows carry their `task_id`). A new visit starts where the first non-null task_id
+    of a train file differs from the current one. Files are read lazily, one per call."""
+
+    def __init__(self, root: str | Path, payload: str, labels: list[int] | None = None,
+                 feature_dim: int | None = None):
+        self.root = Path(root)
+        if not (self.root / "train").is_dir():
+            raise FileNotFoundError(f"{self.root}: an Arrow stream folder needs a train/ sub-folder of *.arrow files")
+        if payload == "features" and feature_dim is None:
+            raise ValueError(f"{self.root}: a feature stream needs data.feature_dim (the width the learner accepts)")
+        self.payload, self.labels, self.feature_dim = payload, labels, feature_dim
+        self.train_files = sorted((self.root / "train").glob("*.arrow"))
+        self.test_files = sorted((self.root / "test").glob("*.arrow")) if (self.root / "test").is_dir() else []
+        task_order: dict[int, int] = {}
+        self.visit_files: list[list[Path]] = []
+        self.visits: list[int] = []
+        self.num_rows = 0
+        for path in self.train_files:
+            batch = _read_arrow(path)
+            self.num_rows += batch.num_rows
+            task = _first_task(batch)
+            index = task_order.setdefault(task, len(task_order)) if task is not None else None
+            if not self.visits or (index is not None and index != self.visits[-1]):
+                self.visits.append(0 if index is None else index)
+                self.visit_files.append([])
+            self.visit_files[-1].append(path)
+        self.task_ids = sorted(task_order, key=task_order.get)
+        self.tests: dict[int, list[pa.RecordBatch]] = {}
+        for path in self.test_files:
+            batch = _read_arrow(path)
+            task = _first_task(batch)
+            if task is not None and task in task_order:
+                self.tests.setdefault(task_order[task], []).append(batch)
+
+    def describe(self) -> StreamInfo:
+        tasks = max(len(self.task_ids), 1)
+        return StreamInfo(
+            name=f"arrow:{self.root.name}", payload=self.payload, task_classes=[[] for _ in range(tasks)],
+            visits=self.visits, visit_batches=[len(f) for f in self.visit_files],
+            test_batches=[len(self.tests.get(t, [])) for t in range(tasks)],
+            num_samples=self.num_rows, labels=self.labels, feature_dim=self.feature_dim,
+            fingerprint=_fingerprint([np.frombuffer(str(p.name).encode(), np.uint8) for p in self.train_files]),
+            extra={"task_ids": self.task_ids})
+
+    def train_batch(self, visit: int, index: int) -> pa.RecordBatch:
+        return _read_arrow(self.visit_files[visit][index])
+
+    def test_batch(self, task: int, index: int, after_visit: int) -> pa.RecordBatch:
+        return self.tests[task][index]
+
+    def visit_tasks(self, visit: int) -> list[int]:
+        return [self.visits[visit]]
+
+
+@dataclass(frozen=True)
+class DriftSpec:
+    """A long-horizon non-stationary feature stream (see DriftStream)."""
+
+    visits: int = 1000
+    tasks: int = 20  # distinct tasks; each owns `classes_per_task` classes
+    classes_per_task: int = 2
+    dim: int = 32
+    train_per_visit: int = 100
+    test_per_task: int = 50
+    separation: float = 4.0  # std of the initial class means (noise std 1)
+    drift_step: float = 0.05  # std of each class mean's random-walk step per visit (gradual drift)
+    shifts: int = 5  # abrupt shifts: the current task's classes jump to a new region at evenly spaced visits
+    shift_size: float = 12.0
+    recurrence: float = 0.8  # while tasks remain unseen, chance a visit revisits a seen task
+    batch_size: int = 100
+    seed: int = 0
+
+
+class DriftStream:
+    """Recurring tasks under gradual drift and abrupt shifts, generated deterministically in feature space.
+
+    The visit schedule introduces the tasks one by one (a new one with probability 1 - recurrence) and
+    otherwise revisits a seen task. Every class mean follows a Gaussian random walk; at `shifts` evenly
+    spaced visits the classes of that visit's task jump by `shift_size` in a random direction. The true
+    novel events are the first visit of each task plus each shift: N_T = tasks + shifts.
+    """
+
+    def __init__(self, spec: DriftSpec):
+        self.spec = spec
+        rng = np.random.default_rng(spec.seed)
+        n_classes = spec.tasks * spec.classes_per_task
+        self.visits = self._schedule(rng)
+        start = rng.normal(scale=spec.separation, size=(n_classes, spec.dim))
+        walk = np.cumsum(rng.normal(scale=spec.drift_step, size=(spec.visits, n_classes, spec.dim)), axis=0)
+        jumps = np.zeros((spec.visits, n_classes, spec.dim))
+        self.shift_visits = [int(v) for v in np.linspace(spec.visits / (spec.shifts + 1), spec.visits,
+                                                         spec.shifts, endpoint=False)] if spec.shifts else []
+        for v in self.shift_visits:
+            direction = rng.normal(size=spec.dim)
+            for c in self.classes(self.visits[v]):
+                jumps[v:, c] += spec.shift_size * direction / np.linalg.norm(direction)
+        self.means = (start[None] + walk + jumps).astype(np.float32)  # (visits, classes, dim)
+
+    def _schedule(self, rng: np.random.Generator) -> list[int]:
+        visits, introduced = [0], 1
+        for _ in range(self.spec.visits - 1):
+            if introduced < self.spec.tasks and rng.random() >= self.spec.recurrence:
+                visits.append(introduced)
+                introduced += 1
+            else:
+                visits.append(int(rng.integers(introduced)))
+        return visits
+
+    def classes(self, task: int) -> list[int]:
+        k = self.spec.classes_per_task
+        return list(range(task * k, (task + 1) * k))
+
+    def describe(self) -> StreamInfo:
+        s = self.spec
+        per_visit = int(np.ceil(s.train_per_visit / s.batch_size))
+        return StreamInfo(
+            name=f"drift-v{s.visits}-t{s.tasks}-d{s.dim}-s{s.seed}", payload="features",
+            task_classes=[self.classes(t) for t in range(s.tasks)], visits=self.visits,
+            visit_batches=[per_visit] * s.visits, test_batches=[int(np.ceil(s.test_per_task / s.batch_size))] * s.tasks,
+            num_samples=s.visits * s.train_per_visit, labels=list(range(s.tasks * s.classes_per_task)),
+            fingerprint=_fingerprint([np.asarray(self.visits), self.means[-1]]), feature_dim=s.dim,
+            novel_shifts=len(set(self.visits)) + len(self.shift_visits),
+            extra={"shift_visits": self.shift_visits})
+
+    def _draw(self, visit: int, task: int, n: int, key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([self.spec.seed, *key])
+        classes = np.array(self.classes(task))
+        labels = classes[rng.integers(len(classes), size=n)]
+        return self.means[visit, labels] + rng.normal(size=(n, self.spec.dim)).astype(np.float32), labels
+
+    def train_batch(self, visit: int, index: int) -> pa.RecordBatch:
+        s = self.spec
+        start = index * s.batch_size
+        n = min(s.batch_size, s.train_per_visit - start)
+        x, y = self._draw(visit, self.visits[visit], n, (0, visit, index))
+        ids = visit * s.train_per_visit + start + np.arange(n)
+        return S.feature_batch(ids, x, y, np.full(n, self.visits[visit]), stream="drift")
+
+    def test_batch(self, task: int, index: int, after_visit: int) -> pa.RecordBatch:
+        """Test rows of `task` drawn from the class means as they stand after `after_visit`."""
+        s = self.spec
+        n = min(s.batch_size, s.test_per_task - index * s.batch_size)
+        x, y = self._draw(after_visit, task, n, (1, task, index))
+        return S.feature_batch(index * s.batch_size + np.arange(n), x, y, np.full(n, task), stream="drift")
+
+    def visit_tasks(self, visit: int) -> list[int]:
+        return [self.visits[visit]]
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Which stream a run reads."""
+
+    dataset: str = "fashion-mnist"  # a memcl_ops.datasets name, image-folder:<path>, synthetic, drift, arrow:<folder>
+    synthetic: SyntheticSpec = SyntheticSpec()  # dataset == "synthetic"
+    drift: DriftSpec = DriftSpec()  # dataset == "drift"
+    payload: str = "features"  # arrow:<folder>: what the batches carry (image, text or features)
+    labels: tuple[int, ...] | None = None  # arrow:<folder>: the label set to accept (None: any label >= 0)
+    feature_dim: int | None = None  # arrow:<folder> with features: the width to accept
+
+
+def build_stream(source: SourceSpec, stream: StreamSpec) -> Stream:
+    if source.dataset == "drift":
+        return DriftStream(source.drift)
+    if source.dataset.startswith("arrow:"):
+        return ArrowDirStream(source.dataset.split(":", 1)[1], source.payload,
+                              list(source.labels) if source.labels is not None else None, source.feature_dim)
+    dataset = make_synthetic(source.synthetic) if source.dataset == "synthetic" else load_dataset(source.dataset)
+    return DatasetStream(dataset, stream)
