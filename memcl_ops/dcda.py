@@ -9,6 +9,7 @@ CE + λ_LwF·LwF(current inputs) + λ_anchor·KD(anchor points), T = 3, against 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -108,11 +109,13 @@ def apply_memory(router: SlotRouter | None, h: torch.Tensor) -> torch.Tensor:
 
 
 def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: torch.Tensor, labels: torch.Tensor,
-                 teacher: Teacher | None, config: Stage2Config = Stage2Config(), *,
-                 seed: int = 0) -> list[float]:
+                 teacher: Teacher | None, config: Stage2Config = Stage2Config(), *, seed: int = 0,
+                 extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[float]:
     """Train the classifier in place on h̃ of the frozen memory; returns the mean loss per epoch.
 
-    The head must already have columns for `labels` (`head.grow`).
+    The head must already have columns for `labels` (`head.grow`). `extra_loss(minibatch indices)` is added to
+    every minibatch's loss: the hook through which the baselines add their own term (EWC's penalty, DER++'s
+    replay) to the same CE objective and loop.
     """
     with torch.no_grad():
         h_tilde = apply_memory(router, features)
@@ -138,6 +141,8 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
             loss = loss + config.lambda_lwf * old_class_kd(logits, lwf_logits[idx], T)
         if anchors is not None and len(anchors) and config.lambda_anchor:
             loss = loss + config.lambda_anchor * anchor_kd(head(anchors), anchor_logits, T)
+        if extra_loss is not None:
+            loss = loss + extra_loss(idx)
         return loss
 
     return optimize(head.parameters(), loss_on, len(features), config.optim, seed)

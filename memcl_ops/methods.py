@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from memcl_ops.baselines import DERppConfig, DERppHead, EWCConfig, EWCHead, JointHead, NearestMeanHead
 from memcl_ops.dcda import Stage1Config, Stage2Config, Teacher, apply_memory, train_stage2
 from memcl_ops.head import GrowingLinearHead
 from memcl_ops.router import RouterConfig, SlotRouter
@@ -37,6 +38,8 @@ class MethodConfig:
     sgse: SGSEConfig = SGSEConfig()
     stage1: Stage1Config = Stage1Config()
     stage2: Stage2Config = Stage2Config()
+    ewc: EWCConfig = EWCConfig()
+    derpp: DERppConfig = DERppConfig()
     consolidate_every: int = 8  # task-free mode: run stage 1 + 2 every K batches
 
 
@@ -113,6 +116,10 @@ HeadFactory = Callable[[int, MethodConfig, int], HeadLearner]
 
 HEADS: dict[str, HeadFactory] = {
     "distill": lambda dim, cfg, seed: DistillHead(dim, cfg.stage2, seed),
+    "ewc": lambda dim, cfg, seed: EWCHead(dim, cfg.stage2, cfg.ewc, seed),
+    "derpp": lambda dim, cfg, seed: DERppHead(dim, cfg.stage2, cfg.derpp, seed),
+    "nearest-mean": lambda dim, cfg, seed: NearestMeanHead(dim),
+    "joint": lambda dim, cfg, seed: JointHead(dim, cfg.stage2, seed),
 }
 
 
@@ -128,7 +135,11 @@ class MethodSpec:
     stage1: bool = False  # DCDA stage 1 trains the memory
     fixed: dict[str, dict[str, object]] = field(default_factory=dict)  # section -> settings the method fixes
     task_free: bool = True  # works without task boundaries
-    uses_labels_of: str = "current"  # what labels the head sees: the current block only ("current")
+    # what labels the head learns from: the current block only ("current"), or also earlier blocks' labels it
+    # keeps in its own (byte-counted) memory ("seen"); never those of blocks not streamed yet
+    uses_labels_of: str = "current"
+    # what the method is in a comparison: "memcl" (ours), "baseline", "ablation" (of MARS) or "upper-bound"
+    role: str = "memcl"
 
     def resolve(self, config: MethodConfig) -> MethodConfig:
         """`config` with this method's defining settings applied (they win over user values)."""
@@ -141,7 +152,26 @@ _NO_DISTILL = {"stage2": {"lambda_lwf": 0.0, "lambda_anchor": 0.0}}
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     MethodSpec("mars", "MARS: slot memory + SGSE + DCDA stage 1 and 2", "distill", memory=True, sgse=True, stage1=True),
     MethodSpec("finetune", "sequential cross-entropy on the frozen features (no memory, no distillation)",
-               "distill", fixed=_NO_DISTILL),
+               "distill", fixed=_NO_DISTILL, role="baseline"),
+    # Baselines (memcl_ops/baselines.py) on the same frozen features, stream and head.
+    MethodSpec("lwf", "LwF: CE + KD of the previous head on current inputs (DCDA stage 2 without memory, anchors)",
+               "distill", fixed={"stage2": {"lambda_anchor": 0.0}}, role="baseline"),
+    MethodSpec("ewc", "online EWC: CE + diagonal-Fisher penalty on the head", "ewc", role="baseline"),
+    MethodSpec("derpp", "DER++: CE + logit and label replay from a reservoir buffer of features", "derpp",
+               uses_labels_of="seen", role="baseline"),
+    MethodSpec("simplecil", "SimpleCIL: cosine nearest class mean, no training", "nearest-mean", role="baseline"),
+    MethodSpec("joint", "joint training on all data seen so far (non-continual upper bound)", "joint",
+               uses_labels_of="seen", role="upper-bound"),
+    # MARS ablations (the paper's Tab. ablations). No-Stage2 keeps the classifier (something must classify) but
+    # drops stage 2's distillation (LwF and anchor KD): the head is trained by CE alone on h̃.
+    MethodSpec("mars-no-sgse", "MARS with the initial slots only (no SGSE expansion)", "distill", memory=True,
+               stage1=True, role="ablation"),
+    MethodSpec("mars-no-anchor", "MARS without anchor distillation in stage 2", "distill", memory=True, sgse=True,
+               stage1=True, fixed={"stage2": {"lambda_anchor": 0.0}}, role="ablation"),
+    MethodSpec("mars-no-stage1", "MARS without stage 1 (the memory keeps its initial parameters)", "distill",
+               memory=True, sgse=True, role="ablation"),
+    MethodSpec("mars-no-stage2", "MARS without stage 2's distillation (CE only on h̃)", "distill", memory=True,
+               sgse=True, stage1=True, fixed=_NO_DISTILL, role="ablation"),
 ]}
 
 

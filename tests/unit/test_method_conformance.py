@@ -1,0 +1,174 @@
+"""One conformance suite every registered method passes (river-style check_estimator), in-process over memcl_ops
+objects: all four roles of the method (memory, SGSE, stage 1, head learner) driven the way the runner drives them.
+
+Parametrized over `METHODS`, so a method registered later is covered without touching this file.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from memcl_ops.datasets import SyntheticSpec, make_synthetic
+from memcl_ops.dcda import train_stage1
+from memcl_ops.methods import METHODS, MethodConfig, build_head, build_memory, method_spec
+from memcl_ops.router import RouterConfig
+from memcl_ops.sgse import NoveltyMonitor
+from memcl_ops.streams import StreamSpec, make_plan
+from memcl_ops.training import OptimConfig
+
+DIM, TASKS, BATCH = 16, 4, 32
+DATA = make_synthetic(SyntheticSpec(classes=8, dim=DIM, train_per_class=40, test_per_class=20, separation=2.0))
+PLAN = make_plan(DATA.train_y, DATA.test_y, DATA.num_classes, StreamSpec(tasks=TASKS, batch_size=BATCH))
+TEST_X = torch.from_numpy(DATA.test_x)  # every class, including those of tasks not learned yet
+
+_BASE = MethodConfig()
+CONFIG = replace(  # small enough to run every method several times in seconds; the buffer fills and replaces
+    _BASE, router=RouterConfig(initial_slots=4),
+    stage1=replace(_BASE.stage1, optim=OptimConfig(epochs=2, batch_size=BATCH)),
+    stage2=replace(_BASE.stage2, optim=OptimConfig(epochs=3, batch_size=BATCH)),
+    derpp=replace(_BASE.derpp, buffer_size=30))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """These tensors are tiny: with a second thread on a busy 2-core machine each op waits for a core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def task_block(task: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = PLAN.visit_rows[task]
+    return torch.from_numpy(DATA.train_x[rows]), torch.from_numpy(DATA.train_y[rows])
+
+
+class LocalMethod:
+    """A method's roles wired in-process like pipeline/runner.py: route + SGSE per batch, then at the task end
+    stage 1 on the block, the head's fit on the block, and its end_task."""
+
+    def __init__(self, name: str, seed: int = 0):
+        self.spec = method_spec(name)
+        self.config = self.spec.resolve(CONFIG)
+        self.seed = seed
+        self.memory = build_memory(self.spec, self.config, DIM, seed)
+        self.monitor = NoveltyMonitor(self.config.sgse) if self.spec.sgse else None
+        self.head = build_head(self.spec, CONFIG, DIM, seed)
+        self.rounds = 0
+
+    def learn_task(self, task: int) -> None:
+        x, y = task_block(task)
+        if self.memory is not None:
+            with torch.no_grad():
+                for batch in x.split(BATCH):
+                    query, probs = self.memory.route(batch)
+                    self.memory.update_anchor_stats(batch)
+                    if self.monitor is not None:
+                        for expansion in self.monitor.observe(probs.max(dim=1).values.numpy(), query.numpy()):
+                            self.memory.add_slot(expansion.key)
+        if self.spec.stage1:
+            train_stage1(self.memory, x, y, self.config.stage1, seed=self.seed * 100_003 + self.rounds)
+            self.rounds += 1
+        self.head.fit(x, y, self.memory)
+        self.head.end_task(self.memory)
+
+    def predict(self) -> np.ndarray:
+        return self.head.predict(TEST_X, self.memory)
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"head/{k}": v for k, v in self.head.state().items()}
+        if self.memory is not None:
+            out.update({f"memory/{k}": v for k, v in self.memory.state().items()})
+        if self.monitor is not None:
+            out.update({f"monitor/{k}": v for k, v in self.monitor.state().items()})
+        out["rounds"] = np.array(self.rounds)
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        def part(prefix: str) -> dict[str, np.ndarray]:
+            return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        self.head.restore(part("head/"))
+        if self.memory is not None:
+            self.memory.load_state(part("memory/"))
+        if self.monitor is not None:
+            self.monitor.restore(part("monitor/"))
+        self.rounds = int(state["rounds"])
+
+
+def through_npz(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The state as a checkpoint stores it: plain numpy arrays in an npz, no pickled objects."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **state)
+    with np.load(io.BytesIO(buffer.getvalue()), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def assert_same_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+ALL = pytest.mark.parametrize("name", list(METHODS))
+
+
+@ALL
+def test_restored_learner_continues_exactly_like_the_uninterrupted_one(name):
+    uninterrupted = LocalMethod(name)
+    for t in range(2):
+        uninterrupted.learn_task(t)
+    restored = LocalMethod(name)
+    restored.restore(through_npz(uninterrupted.state()))
+    np.testing.assert_array_equal(restored.predict(), uninterrupted.predict())
+    for t in range(2, TASKS):
+        uninterrupted.learn_task(t)
+        restored.learn_task(t)
+        np.testing.assert_array_equal(restored.predict(), uninterrupted.predict(), err_msg=f"after task {t}")
+    assert_same_state(restored.state(), uninterrupted.state())
+
+
+@ALL
+def test_two_runs_with_one_seed_are_identical(name):
+    a, b = LocalMethod(name, seed=3), LocalMethod(name, seed=3)
+    for t in range(TASKS):
+        a.learn_task(t)
+        b.learn_task(t)
+        np.testing.assert_array_equal(a.predict(), b.predict(), err_msg=f"after task {t}")
+    assert_same_state(a.state(), b.state())
+
+
+@ALL
+def test_predictions_name_only_classes_already_streamed(name):
+    """Asked about test inputs of every class, including the classes of tasks to come, the learner may only
+    answer with labels it has been given: a head pre-sized for the whole label set, or one fed labels ahead
+    of the stream, would name a future class for those inputs."""
+    method = LocalMethod(name)
+    seen: set[int] = set()
+    for t in range(TASKS):
+        method.learn_task(t)
+        seen |= set(PLAN.classes[t])
+        predicted = set(np.unique(method.predict()).tolist())
+        assert predicted <= seen, f"after task {t} it predicts {sorted(predicted - seen)}, not streamed yet"
+        on_seen = np.isin(DATA.test_y, sorted(seen))
+        accuracy = float((method.predict()[on_seen] == DATA.test_y[on_seen]).mean())
+        assert accuracy > 1.5 / len(seen), f"after task {t}: accuracy {accuracy:.2f} on seen classes is near chance"
+
+
+@ALL
+def test_persistent_memory_bytes_are_every_array_it_keeps(name):
+    """`memory_bytes` must account for everything the learner persists: the byte size of the non-scalar
+    arrays of its state (scalars are bookkeeping such as fit counters)."""
+    method = LocalMethod(name)
+    for t in range(TASKS):
+        method.learn_task(t)
+        reported = method.head.memory_bytes()
+        assert all(isinstance(v, int) and v >= 0 for v in reported.values()), reported
+        kept = sum(np.asarray(v).nbytes for v in method.head.state().values() if np.ndim(v) > 0)
+        assert sum(reported.values()) == kept, f"after task {t}: reported {reported}, state holds {kept} bytes"
+        assert kept > 0
+
