@@ -315,6 +315,8 @@ def validate(batch: pa.RecordBatch, contract: Contract | None = None, **kwargs: 
 
 def split(batch: pa.RecordBatch, refusals: list[Refusal]) -> tuple[pa.RecordBatch | None, list[Refusal]]:
     """The rows no refusal names, and the refusals with each row kept only under the first reason that caught it."""
+    if not refusals:
+        return batch, []
     taken = np.zeros(batch.num_rows, dtype=bool)
     unique: list[Refusal] = []
     for refusal in refusals:
@@ -322,8 +324,6 @@ def split(batch: pa.RecordBatch, refusals: list[Refusal]) -> tuple[pa.RecordBatc
         if len(rows):
             taken[rows] = True
             unique.append(Refusal(refusal.error, rows))
-    if not unique:
-        return batch, []
     keep = np.flatnonzero(~taken)
     return (batch.take(pa.array(keep)) if len(keep) else None), unique
 

@@ -1,0 +1,65 @@
+"""Malformed batches thrown at the running pipeline: the run never crashes and never drops a row silently
+(every input row is learned or in the dead-letter files)."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memcl_ops import schema as S
+from pipeline import runner
+from pipeline.config import load_config
+from tests.malformed import DIM, LABELS, feature_batches
+
+pytestmark = pytest.mark.ray
+
+
+def write_stream(root, batches, tests):
+    for folder, items in (("train", batches), ("test", tests)):
+        (root / folder).mkdir(parents=True)
+        for i, batch in enumerate(items):
+            with pa.ipc.new_file(root / folder / f"{i:05d}.arrow", batch.schema) as writer:
+                writer.write_batch(batch)
+
+
+def clean_test_batch(task, seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.choice(LABELS, 8)
+    return S.feature_batch(np.arange(8), rng.normal(size=(8, DIM)) + labels[:, None], labels, np.full(8, task))
+
+
+@st.composite
+def streams(draw):
+    batches, next_id = [], 0
+    for task in (0, 0, 0, 1, 1, 1):
+        batch = draw(feature_batches(first_id=next_id, task=task))
+        next_id += max(batch.num_rows, 1)
+        batches.append(batch)
+    return batches
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batches=streams(), method=st.sampled_from(["mars", "finetune"]))
+def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, method):
+    root = tmp_path_factory.mktemp("stream")
+    write_stream(root / "data", batches, [clean_test_batch(0, 1), clean_test_batch(1, 2)])
+    config = load_config(overrides={
+        "data.dataset": f"arrow:{root / 'data'}", "data.payload": "features", "data.feature_dim": DIM,
+        "data.labels": list(LABELS), "method.name": method, "method.router.initial_slots": 2,
+        "method.stage1.optim.epochs": 1, "method.stage2.optim.epochs": 2, "runtime.max_batch_rows": 12,
+        "runtime.out": str(root / "runs"), "runtime.progress": False, "runtime.actor_threads": 1})
+    metrics = runner.run(config, actors=actors)
+
+    dead_dir = root / "runs" / next((root / "runs").iterdir()).name / "dead_letters"
+    dead = pq.read_table(dead_dir) if dead_dir.exists() else pa.table({S.SAMPLE_ID: pa.array([], pa.int64())})
+    inputs = sum(b.num_rows for b in batches)
+    assert metrics["samples"]["learned"] + dead.num_rows == inputs  # every row accounted for
+    learned_ids = set(ray.get(actors.handle("stage2").learned_ids.remote()).tolist())  # the learner's own record
+    dead_ids = {i for i in dead.column(S.SAMPLE_ID).to_pylist() if i is not None}
+    assert not learned_ids & dead_ids
+    assert metrics["samples"]["refused"] == dead.num_rows
+    assert sum(metrics["samples"]["refused_by_reason"].values()) == dead.num_rows

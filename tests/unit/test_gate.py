@@ -1,0 +1,75 @@
+"""The boundary gate never crashes and never drops a row silently."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memcl_ops import schema as S
+from memcl_ops.gate import DEAD_LETTER_SCHEMA, gate
+from tests.malformed import DIM, LABELS, feature_batches
+
+CONTRACT = S.Contract(feature_dim=DIM, known_labels=frozenset(LABELS), max_rows=12, require_labels=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(feature_batches(first_id=1000))
+def test_every_row_is_kept_or_dead_lettered_once(batch):
+    good, dead = gate(batch, CONTRACT)
+    assert dead.schema == DEAD_LETTER_SCHEMA
+    kept = 0 if good is None else good.num_rows
+    assert kept + dead.num_rows == batch.num_rows
+    assert sorted(dead.column("position").to_pylist()) == sorted(set(dead.column("position").to_pylist()))
+    if good is not None:
+        S.validate(good, CONTRACT)  # what passes satisfies the contract
+        refused = set(dead.column(S.SAMPLE_ID).to_pylist())
+        assert not refused & set(S.sample_ids_to_numpy(good).tolist())
+    for position, row in zip(dead.column("position").to_pylist(), dead.column("row").to_pylist()):
+        original = pa.ipc.open_stream(row).read_all()  # the refused row, exactly as it came (repr: NaN == NaN)
+        assert original.schema == batch.schema
+        assert repr(original.to_pylist()) == repr(batch.slice(position, 1).to_pylist())
+
+
+def test_reasons_and_messages_name_the_problem():
+    feats = np.zeros((4, DIM), np.float32)
+    feats[1, 0] = np.nan
+    batch = S.feature_batch(np.arange(10, 14), feats, np.array([0, 1, 7, -1]))
+    good, dead = gate(batch, CONTRACT)
+    assert S.sample_ids_to_numpy(good).tolist() == [10]
+    reasons = dict(zip(dead.column(S.SAMPLE_ID).to_pylist(), dead.column("reason").to_pylist()))
+    assert reasons == {11: "non_finite", 12: "unknown_label", 13: "negative_label"}
+    message = dead.column("message").to_pylist()[0]
+    assert "NaN/Inf" in message and "11" in message
+
+
+def test_undecodable_images_and_texts():
+    imgs = np.zeros((3, 4, 4), np.uint8)
+    batch = S.raw_batch(np.arange(3), S.IMAGE, imgs, np.zeros(3, int), image_shape=(4, 4))
+    batch = batch.replace_schema_metadata({b"image_shape": b"[4, 5]"})  # the metadata lies about the size
+    good, dead = gate(batch, S.Contract(payload=S.IMAGE))
+    assert good is None and set(dead.column("reason").to_pylist()) == {"undecodable"}
+    texts = pa.array([b"fine", b"\xff\xfe broken", None], pa.binary())
+    batch = pa.RecordBatch.from_pydict({S.SAMPLE_ID: pa.array([5, 6, 7], pa.int64()),
+                                        S.TASK_ID: pa.nulls(3, pa.int32()), S.LABEL: pa.array([0, 0, 0], pa.int32()),
+                                        S.TEXT: texts})
+    good, dead = gate(batch, S.Contract(payload=S.TEXT))
+    assert S.sample_ids_to_numpy(good).tolist() == [5]
+    assert sorted(dead.column(S.SAMPLE_ID).to_pylist()) == [6, 7]
+
+
+@pytest.mark.parametrize("n", [0])
+def test_empty_batch_has_nothing_to_lose(n):
+    batch = S.feature_batch(np.arange(n), np.zeros((n, DIM)), np.zeros(n, int))
+    good, dead = gate(batch, CONTRACT)
+    assert good is None and dead.num_rows == 0
+
+
+@given(st.data())
+@settings(max_examples=30, deadline=None)
+def test_validate_raises_batch_error_or_nothing(data):
+    batch = data.draw(feature_batches(first_id=0))
+    try:
+        S.validate(batch, CONTRACT)
+    except S.BatchError as err:
+        assert err.reason and str(err).startswith(f"[{err.reason}]")
