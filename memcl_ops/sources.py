@@ -227,8 +227,8 @@ class DriftStream:
     novel events are the first visit of each task plus each shift: N_T = tasks + shifts.
     """
 
-    def __init__(self, spec: DriftSpec):
-        self.spec = spec
+    def __init__(self, spec: DriftSpec, task_free: bool = False):
+        self.spec, self.task_free = spec, task_free
         rng = np.random.default_rng(spec.seed)
         n_classes = spec.tasks * spec.classes_per_task
         self.visits = self._schedule(rng)
@@ -281,7 +281,8 @@ class DriftStream:
         n = min(s.batch_size, s.train_per_visit - start)
         x, y = self._draw(visit, self.visits[visit], n, (0, visit, index))
         ids = visit * s.train_per_visit + start + np.arange(n)
-        return S.feature_batch(ids, x, y, np.full(n, self.visits[visit]), stream="drift")
+        tasks = None if self.task_free else np.full(n, self.visits[visit])
+        return S.feature_batch(ids, x, y, tasks, stream="drift")
 
     def test_batch(self, task: int, index: int, after_visit: int) -> pa.RecordBatch:
         """Test rows of `task` drawn from the class means as they stand after `after_visit`."""
@@ -308,7 +309,7 @@ class SourceSpec:
 
 def build_stream(source: SourceSpec, stream: StreamSpec) -> Stream:
     if source.dataset == "drift":
-        return DriftStream(source.drift)
+        return DriftStream(source.drift, stream.task_free)
     if source.dataset.startswith("arrow:"):
         return ArrowDirStream(source.dataset.split(":", 1)[1], source.payload,
                               list(source.labels) if source.labels is not None else None, source.feature_dim)

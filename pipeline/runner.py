@@ -76,11 +76,11 @@ def ensure_ray(config: RunConfig) -> None:
 class RunState:
     """The runner's own checkpointed progress."""
 
-    next_visit: int = 0
+    next_round: int = 0
     acc_rows: list[list[float]] = field(default_factory=list)  # after visit i: accuracy per task (NaN: not evaluated)
     seen_tasks: list[int] = field(default_factory=list)  # in order of first training
     consolidations: int = 0
-    visit_log: list[dict] = field(default_factory=list)
+    round_log: list[dict] = field(default_factory=list)
     wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
     refused: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per reason
     recoveries: int = 0  # visits replayed after an actor fault
@@ -333,28 +333,38 @@ def new_run_dir(config: RunConfig, dataset: str) -> Path:
 
 
 BatchHook = Callable[[int, int], None]  # called with (visit, batch index) after each batch is submitted
-VisitHook = Callable[[int, "RunState", "Pipeline"], None]  # called after each visit is complete
+RoundHook = Callable[[int, "RunState", "Pipeline"], None]  # called after each round is committed
+
+
+def plan_rounds(info: StreamInfo, task_free: bool, every: int) -> list[list[tuple[int, int]]]:
+    """The units of consolidation, commit and replay, as (visit, batch index) lists: one visit each when task
+    boundaries are given; K consecutive batches regardless of visits when task-free (the learner is told
+    nothing at boundaries; evaluation still happens after the round in which a visit ends)."""
+    if not task_free:
+        return [[(v, i) for i in range(n)] for v, n in enumerate(info.visit_batches)]
+    flat = [(v, i) for v, n in enumerate(info.visit_batches) for i in range(n)]
+    return [flat[a:a + every] for a in range(0, len(flat), every)]
 
 
 def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
         progress: bool | None = None, actors: ActorCache | None = None, on_batch: BatchHook | None = None,
-        on_visit: VisitHook | None = None) -> dict:
+        on_round: RoundHook | None = None) -> dict:
     """Run (or resume) one continual-learning stream; returns the metrics dict written to metrics.json.
 
     `actors`: reuse the actors of earlier runs (they are reset); by default the run starts and kills its own.
-    `on_batch` / `on_visit`: observers (fault injection in tests, resource sampling in `memcl stress`).
+    `on_batch` / `on_round`: observers (fault injection in tests, resource sampling in `memcl stress`).
     """
     own = actors is None
     actors = actors or ActorCache()
     try:
-        return _run(config, run_dir, resume, progress, actors, on_batch, on_visit)
+        return _run(config, run_dir, resume, progress, actors, on_batch, on_round)
     finally:
         if own:
             actors.close()
 
 
 def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, progress: bool | None,
-         actors: ActorCache, on_batch: BatchHook | None, on_visit: VisitHook | None) -> dict:
+         actors: ActorCache, on_batch: BatchHook | None, on_round: RoundHook | None) -> dict:
     if resume is not None:
         run_dir = Path(resume)
         config = load_config(run_dir / "config.yaml")
@@ -362,6 +372,10 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
     spec = method_spec(config.method.name)
     if config.stream.task_free and not spec.task_free:
         raise ValueError(f"method {spec.name} needs task boundaries; it cannot run a task-free stream")
+    if spec.loop == "adapter":  # NSR trains LoRA inside the encoder on raw batches: its own loop
+        from pipeline.adapter_runner import run_adapter
+
+        return run_adapter(config, run_dir, resume, progress, actors)
     rt = config.runtime
     bars = Progress(enabled=rt.progress if progress is None else progress)
     started = time.perf_counter()
@@ -389,29 +403,30 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
         path, parts, meta = found
         pipe.restore(parts)
         state = RunState(**meta)
-        log.info("resumed from %s at visit %d", path, state.next_visit)
+        log.info("resumed from %s at round %d", path, state.next_round)
     state.add_wall("encode_cache", time.perf_counter() - t0)
     last_good = pipe.state()  # what a fault rolls every actor back to
 
-    for v in range(state.next_visit, len(info.visits)):
+    rounds = plan_rounds(info, config.stream.task_free, config.method.consolidate_every)
+    for r in range(state.next_round, len(rounds)):
         for attempt in range(rt.max_recoveries + 1):
             try:
-                outcome = _visit(pipe, info, state, v, bars, on_batch)
+                outcome = _round(pipe, info, state, rounds[r], bars, on_batch)
                 break
             except Exception as err:
                 if not is_fault(err) or attempt == rt.max_recoveries:
                     raise
-                log.warning("actor fault during visit %d (%s); restoring and replaying it", v, type(err).__name__)
+                log.warning("actor fault in round %d (%s); restoring and replaying it", r, type(err).__name__)
                 state.recoveries += 1
                 pipe.revive(last_good, features)
-        _commit_visit(pipe, info, state, v, outcome, run_dir)
+        _commit_round(pipe, info, state, r, outcome, run_dir)
         last_good = pipe.state()
         if rt.checkpoint:
             t_ckpt = time.perf_counter()
-            checkpoint.write(ckpt_dir, v, last_good, state.to_json())
+            checkpoint.write(ckpt_dir, r, last_good, state.to_json())
             state.add_wall("checkpoint", time.perf_counter() - t_ckpt)
-        if on_visit is not None:
-            on_visit(v, state, pipe)
+        if on_round is not None:
+            on_round(r, state, pipe)
 
     metrics = collect_metrics(config, pipe, info, state, time.perf_counter() - started)
     report.write_run(run_dir, metrics)
@@ -419,19 +434,21 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
     return metrics
 
 
-def _visit(pipe: Pipeline, info: StreamInfo, state: RunState, v: int, bars: Progress,
+def _round(pipe: Pipeline, info: StreamInfo, state: RunState, batches: list[tuple[int, int]], bars: Progress,
            on_batch: BatchHook | None) -> dict:
-    """Stream visit `v`, consolidate and evaluate. Nothing of the run state changes here, so a fault can replay it."""
-    rt, every = pipe.config.runtime, pipe.config.method.consolidate_every
-    task, n = info.visits[v], info.visit_batches[v]
-    bar = bars.bar(f"task {task + 1}/{len(info.task_classes)} (visit {v + 1}/{len(info.visits)}) stream", n)
+    """Stream one round, consolidate, and evaluate after the visits it ends. Nothing of the run state changes
+    here, so a fault can replay it."""
+    rt = pipe.config.runtime
+    first, last = batches[0][0], batches[-1][0]
+    task = info.visits[first]
+    what = (f"task {task + 1}/{len(info.task_classes)} (visit {first + 1}/{len(info.visits)})" if first == last
+            else f"visits {first + 1}-{last + 1}/{len(info.visits)}")
+    bar = bars.bar(f"{what} stream", len(batches))
     t_stream = time.perf_counter()
     pending: deque[ray.ObjectRef] = deque()
     block: list[ray.ObjectRef] = []
     letters: list[ray.ObjectRef] = []
-    consolidations: list[dict] = []
-    stream_seconds = 0.0
-    for i in range(n):
+    for v, i in batches:
         sub = pipe.learn_batch(v, i)
         block.append(sub.features)
         pending.append(sub.tail)
@@ -441,62 +458,52 @@ def _visit(pipe: Pipeline, info: StreamInfo, state: RunState, v: int, bars: Prog
         if len(pending) > rt.max_in_flight:
             ray.get(pending.popleft())
             bar.update(1)
-        if pipe.config.stream.task_free and len(block) == every and i < n - 1:
-            ray.get(list(pending))
-            bar.update(len(pending))
-            pending.clear()
-            stream_seconds += time.perf_counter() - t_stream
-            consolidations.append(pipe.consolidate(block))
-            t_stream = time.perf_counter()
-            block = []
     ray.get(list(pending))
     bar.update(len(pending))
     bar.close()
-    stream_seconds += time.perf_counter() - t_stream
-    if block:
-        consolidations.append(pipe.consolidate(block))
+    stream_seconds = time.perf_counter() - t_stream
+    consolidation = pipe.consolidate(block)
 
     t_eval = time.perf_counter()
+    ended = [v for v, i in batches if i == info.visit_batches[v] - 1]
     seen = list(state.seen_tasks)
-    for t in ray.get(pipe.source.visit_tasks.remote(v)):
-        if t not in seen:
-            seen.append(t)
-    last = v == len(info.visits) - 1
+    for v in sorted({v for v, _ in batches}):
+        for t in ray.get(pipe.source.visit_tasks.remote(v)):
+            if t not in seen:
+                seen.append(t)
     accuracy: dict[int, float] = {}
-    if last or (v + 1) % rt.evaluate_every == 0:
+    if any(v == len(info.visits) - 1 or (v + 1) % rt.evaluate_every == 0 for v in ended):
         recent = seen if rt.evaluate_window is None else seen[-rt.evaluate_window:]
-        accuracy, test_letters = pipe.evaluate(sorted(recent), v)
+        accuracy, test_letters = pipe.evaluate(sorted(recent), ended[-1])
         letters += test_letters
     refused = [t for t in ray.get(letters) if t.num_rows]
-    dead = pa.concat_tables(refused) if refused else None
-    return {"consolidations": consolidations, "accuracy": accuracy, "seen": seen, "dead": dead,
+    return {"consolidation": consolidation, "accuracy": accuracy, "seen": seen, "ended": ended,
+            "dead": pa.concat_tables(refused) if refused else None, "batches": len(batches),
             "seconds": {"stream": stream_seconds, "evaluate": time.perf_counter() - t_eval}}
 
 
-def _commit_visit(pipe: Pipeline, info: StreamInfo, state: RunState, v: int, outcome: dict, run_dir: Path) -> None:
-    """Fold a completed visit into the run state and write its dead letters."""
-    for c in outcome["consolidations"]:
-        for k, s in c["seconds"].items():
-            state.add_wall(k, s)
-    for k, s in outcome["seconds"].items():
+def _commit_round(pipe: Pipeline, info: StreamInfo, state: RunState, r: int, outcome: dict, run_dir: Path) -> None:
+    """Fold a completed round into the run state and write its dead letters."""
+    for k, s in (*outcome["consolidation"]["seconds"].items(), *outcome["seconds"].items()):
         state.add_wall(k, s)
-    state.consolidations += len(outcome["consolidations"])
+    state.consolidations += 1
     state.seen_tasks = outcome["seen"]
     accuracy = outcome["accuracy"]
-    state.acc_rows.append([accuracy.get(t, float("nan")) for t in range(len(info.task_classes))])
+    for _ in outcome["ended"]:  # one accuracy-matrix row per visit, as evaluated after the round that ended it
+        state.acc_rows.append([accuracy.get(t, float("nan")) for t in range(len(info.task_classes))])
     dead = outcome["dead"]
     if dead is not None and dead.num_rows:
         (run_dir / "dead_letters").mkdir(exist_ok=True)
-        pq.write_table(dead, run_dir / "dead_letters" / f"visit-{v:06d}.parquet")  # a replay overwrites, never adds
+        pq.write_table(dead, run_dir / "dead_letters" / f"round-{r:06d}.parquet")  # a replay overwrites, never adds
         for reason, count in Counter(dead.column("reason").to_pylist()).items():
             state.refused[reason] = state.refused.get(reason, 0) + count
     memory = ray.get(pipe.memory.memory_report.remote()) if pipe.memory is not None else {}
     evaluated = [a for a in accuracy.values() if not np.isnan(a)]
-    state.visit_log.append({"visit": v, "task": info.visits[v], "accuracy": accuracy,
-                            "mean_seen": float(np.mean(evaluated)) if evaluated else None, "memory": memory,
-                            "stage2": [c["stage2"] for c in outcome["consolidations"]],
+    state.round_log.append({"round": r, "visits_ended": outcome["ended"], "batches": outcome["batches"],
+                            "accuracy": accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated else None,
+                            "memory": memory, "stage2": outcome["consolidation"]["stage2"],
                             "refused": 0 if dead is None else dead.num_rows, "time": time.time()})
-    state.next_visit = v + 1
+    state.next_round = r + 1
 
 
 def collect_metrics(config: RunConfig, pipe: Pipeline, info: StreamInfo, state: RunState, wall: float) -> dict:
@@ -531,7 +538,7 @@ def collect_metrics(config: RunConfig, pipe: Pipeline, info: StreamInfo, state: 
                          **{f"head.{k}": v for k, v in head_bytes.items()}},
         "wall_seconds": {"total": wall, **state.wall},
         "actor_busy_seconds": busy,
-        "visit_log": state.visit_log,
+        "round_log": state.round_log,
         "consolidations": state.consolidations,
         "recoveries": state.recoveries,
     }

@@ -109,3 +109,14 @@ def test_killed_driver_resumes_to_the_same_accuracy_matrix(actors, tmp_path):
     np.testing.assert_array_equal(np.array(metrics["acc_matrix"], float), np.array(reference["acc_matrix"]))
     # exactly-once: the resumed run learned every sample once (task 1-2 from the checkpoint, 3-4 after)
     assert metrics["samples"]["learned"] == metrics["samples"]["unique_learned"] == metrics["samples"]["stream"]
+
+
+def test_task_free_consolidates_every_k_batches_across_boundaries(actors, tmp_path):
+    # 4 tasks x 160 rows in batches of 40: 16 batches; every 3 batches -> 6 rounds, one acc row per task
+    metrics = runner.run(synthetic(tmp_path, **{"stream.task_free": True, "method.consolidate_every": 3}),
+                         actors=actors)
+    assert metrics["consolidations"] == 6
+    assert [r["batches"] for r in metrics["round_log"]] == [3, 3, 3, 3, 3, 1]
+    acc = np.array(metrics["acc_matrix"])
+    assert acc.shape == (4, 4) and np.nanmean(acc[-1]) > 1 / 8 + 0.3
+    assert metrics["samples"]["learned"] == metrics["samples"]["unique_learned"] == metrics["samples"]["stream"]

@@ -1,0 +1,195 @@
+"""`memcl bench SUITE`: every method side by side on one stream, in one process tree.
+
+A suite is a stream (dotted overrides of the embedded default `RunConfig`) and, optionally, the methods to
+compare; without a list it compares every method registered in `memcl_ops.methods.METHODS` that can run the
+stream, so methods added later join the table on their own. All runs share one `ActorCache` (actors are reset
+between runs, not restarted) and one feature cache (the stream is encoded once, by the first run).
+
+Each seed changes the learners' initialisation and minibatch order (`RunConfig.seed`); the stream (class
+order, samples) is the same for every method and seed. Outputs, in `<out>/<suite>/`: `results.md` and
+`results.csv` (mean ± std over seeds), `runs.csv` (one row per run), `curves.png` (mean accuracy over the
+tasks seen so far after each task, per method), and the run folders under `runs/`.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from memcl_ops.methods import METHODS, method_spec
+from pipeline import runner
+from pipeline.config import RunConfig, load_config
+from pipeline.suites import Suite, suite
+
+PAPER_BASELINES = ("finetune", "ewc", "lwf", "derpp")  # the baselines the MARS paper compares against
+TRAIN_PHASES = ("stream", "stage1", "stage2")  # wall-clock phases that make up "train time"
+METRICS = ("a_last", "a_mean", "forgetting", "bwt")
+HEADERS = {"a_last": "A_last", "a_mean": "Ā", "forgetting": "forgetting", "bwt": "BWT"}
+
+
+def suite_methods(chosen: Suite, config: RunConfig, methods: list[str] | None = None) -> list[str]:
+    """The methods to compare, in registry order: those asked for (checked), else the suite's, else all that
+    can run the stream (a task-free stream rules out methods that need task boundaries)."""
+    names = methods or list(chosen.methods or METHODS)
+    for name in names:
+        method_spec(name)  # unknown names fail here, naming the known ones
+    return [n for n in names if METHODS[n].task_free or not config.stream.task_free]
+
+
+@dataclass
+class RunRow:
+    method: str
+    seed: int
+    summary: dict[str, float]
+    curve: list[float]  # mean accuracy over the tasks seen so far, after each visit
+    train_seconds: float
+    memory_bytes: int
+    run_dir: str
+
+    @classmethod
+    def of(cls, metrics: dict) -> RunRow:
+        wall = metrics["wall_seconds"]
+        return cls(metrics["method"], metrics["seed"], metrics["summary"],
+                   [float(np.nanmean(row)) if not np.isnan(row).all() else np.nan
+                    for row in np.array(metrics["acc_matrix"], dtype=float)],
+                   sum(wall.get(k, 0.0) for k in TRAIN_PHASES), int(sum(metrics["memory_bytes"].values())),
+                   metrics["run_dir"])
+
+
+def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: str | Path = "runs/bench",
+          overrides: dict[str, object] | None = None, actors: runner.ActorCache | None = None,
+          progress: bool = False, log=print) -> list[RunRow]:
+    """Run every method of suite `name` for seeds 0..seeds-1; rewrites the result files after each run so an
+    interrupted bench keeps what it finished. Returns one row per run."""
+    chosen = suite(name)
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    folder = Path(out) / chosen.name
+    config = load_config(overrides={**chosen.overrides, **(overrides or {}), "runtime.checkpoint": False,
+                                    "runtime.progress": progress, "runtime.out": str(folder / "runs")})
+    names = suite_methods(chosen, config, methods)
+    own = actors is None
+    actors = actors or runner.ActorCache()
+    rows: list[RunRow] = []
+    try:
+        for method in names:
+            for seed in range(seeds):
+                started = time.perf_counter()
+                metrics = runner.run(replace(config, seed=seed, method=replace(config.method, name=method)),
+                                     actors=actors)
+                rows.append(RunRow.of(metrics))
+                log(f"[{chosen.name}] {method} seed {seed}: A_last {100 * rows[-1].summary['a_last']:.2f} "
+                    f"({time.perf_counter() - started:.0f} s)")
+                write_results(folder, chosen, rows, seeds)
+    finally:
+        if own:
+            actors.close()
+    return rows
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    a = np.asarray(values, dtype=np.float64)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def aggregate(rows: list[RunRow]) -> dict[str, dict]:
+    """Per method, in first-run order: mean and std over seeds of each metric, train time and memory."""
+    out: dict[str, dict] = {}
+    for method in dict.fromkeys(r.method for r in rows):
+        mine = [r for r in rows if r.method == method]
+        out[method] = {
+            **{m: _mean_std([r.summary[m] for r in mine]) for m in METRICS},
+            "train_seconds": _mean_std([r.train_seconds for r in mine]),
+            "memory_bytes": _mean_std([r.memory_bytes for r in mine]),
+            "seeds": len(mine),
+            "curve": np.nanmean(np.array([r.curve for r in mine], dtype=np.float64), axis=0),
+            "curve_std": np.nanstd(np.array([r.curve for r in mine], dtype=np.float64), axis=0),
+        }
+    return out
+
+
+def goal_lines(table: dict[str, dict]) -> list[str]:
+    """The issue's two goals, computed from the table: MARS above every paper baseline, and the best memcl
+    method within 5 points of joint."""
+    lines = []
+    baselines = [b for b in PAPER_BASELINES if b in table]
+    if "mars" in table and baselines:
+        best = max(baselines, key=lambda b: table[b]["a_last"][0])
+        gap = 100 * (table["mars"]["a_last"][0] - table[best]["a_last"][0])
+        lines.append(f"- MARS A_last minus the best paper baseline ({best}): {gap:+.2f} points "
+                     f"({'reached' if gap > 0 else 'not reached'})")
+    ours = [m for m in table if METHODS[m].role == "memcl"]
+    if ours and "joint" in table:
+        best = max(ours, key=lambda m: table[m]["a_last"][0])
+        gap = 100 * (table[best]["a_last"][0] - table["joint"]["a_last"][0])
+        lines.append(f"- best memcl method ({best}) A_last minus joint: {gap:+.2f} points "
+                     f"({'within 5' if gap >= -5 else 'not within 5'})")
+    return lines
+
+
+def markdown(chosen: Suite, table: dict[str, dict], seeds: int) -> str:
+    def pct(m: tuple[float, float]) -> str:
+        return f"{100 * m[0]:.2f} ± {100 * m[1]:.2f}"
+
+    lines = [f"### {chosen.name}", "", chosen.summary + f". Mean ± std over {seeds} seed(s).", "",
+             "| method | role | " + " | ".join(HEADERS[m] for m in METRICS) + " | train s | memory bytes |",
+             "|---|---|" + "---|" * (len(METRICS) + 2)]
+    for method, row in table.items():
+        cells = [pct(row[m]) for m in METRICS]
+        lines.append(f"| {method} | {METHODS[method].role} | " + " | ".join(cells)
+                     + f" | {row['train_seconds'][0]:.1f} | {row['memory_bytes'][0]:,.0f} |")
+    lines += ["", *goal_lines(table)]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(folder: Path, chosen: Suite, rows: list[RunRow], seeds: int) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    table = aggregate(rows)
+    paths = {"markdown": folder / "results.md", "csv": folder / "results.csv", "runs": folder / "runs.csv",
+             "curves": folder / "curves.png"}
+    paths["markdown"].write_text(markdown(chosen, table, seeds))
+    with open(paths["csv"], "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", "role", "seeds", *[f"{m}_{s}" for m in METRICS for s in ("mean", "std")],
+                         "train_seconds_mean", "memory_bytes_mean"])
+        for method, row in table.items():
+            writer.writerow([method, METHODS[method].role, row["seeds"],
+                             *[f"{v:.6f}" for m in METRICS for v in row[m]],
+                             f"{row['train_seconds'][0]:.3f}", f"{row['memory_bytes'][0]:.0f}"])
+    with open(paths["runs"], "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", "seed", *METRICS, "train_seconds", "memory_bytes", "curve", "run_dir"])
+        for r in rows:
+            writer.writerow([r.method, r.seed, *[f"{r.summary[m]:.6f}" for m in METRICS], f"{r.train_seconds:.3f}",
+                             r.memory_bytes, " ".join(f"{v:.4f}" for v in r.curve), r.run_dir])
+    plot_curves(chosen, table, paths["curves"])
+    return paths
+
+
+_STYLE = {"memcl": "-", "ablation": "--", "baseline": ":", "upper-bound": "-."}
+
+
+def plot_curves(chosen: Suite, table: dict[str, dict], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for method, row in table.items():
+        x = np.arange(1, len(row["curve"]) + 1)
+        line, = ax.plot(x, row["curve"], _STYLE.get(METHODS[method].role, "-"), marker="o", ms=3,
+                        lw=2.2 if method == "mars" else 1.3, label=method)
+        ax.fill_between(x, row["curve"] - row["curve_std"], row["curve"] + row["curve_std"], alpha=0.12,
+                        color=line.get_color(), lw=0)
+    ax.set_xlabel("tasks learned")
+    ax.set_ylabel("mean accuracy on tasks seen")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"memcl bench {chosen.name}", fontsize=9)
+    ax.legend(fontsize=7, ncol=2, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
