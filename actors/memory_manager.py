@@ -12,18 +12,23 @@ import torch
 
 from actors.clock import StageClock
 from memcl_ops import schema as S
+from memcl_ops.nsr import ArrivalPlan, Snapshot, plan_arrival
 from memcl_ops.router import RouterConfig, SlotRouter
 from memcl_ops.sgse import Expansion
+from memcl_ops.task_bank import BankConfig, BankEntry, TaskKnowledgeBank
 
 
 @ray.remote
 class MemoryManager:
-    def __init__(self, feature_dim: int, router: RouterConfig, max_slots: int, seed: int, threads: int):
-        self.reset(feature_dim, router, max_slots, seed, threads)
+    def __init__(self, feature_dim: int, router: RouterConfig, max_slots: int, seed: int, threads: int,
+                 bank: BankConfig | None = None):
+        self.reset(feature_dim, router, max_slots, seed, threads, bank)
 
-    def reset(self, feature_dim: int, router: RouterConfig, max_slots: int, seed: int, threads: int) -> None:
+    def reset(self, feature_dim: int, router: RouterConfig, max_slots: int, seed: int, threads: int,
+              bank: BankConfig | None = None) -> None:
         torch.set_num_threads(threads)
         self.router = SlotRouter(feature_dim, router, seed=seed)
+        self.bank = TaskKnowledgeBank(bank or BankConfig())  # NSR's LoRA bank (empty for other methods)
         self.max_slots = max_slots
         self.routed = 0  # samples routed so far (the x axis of the slot history)
         self.slot_history: list[tuple[int, int]] = [(0, self.router.num_slots)]
@@ -67,8 +72,26 @@ class MemoryManager:
             raise ValueError(f"trained memory has {state['keys'].shape[0]} slots, the manager {self.router.num_slots}")
         self.router.load_state(state)
 
+    def arrive(self, key: np.ndarray, rank: int) -> ArrivalPlan:
+        """NSR task arrival: the bank's retrieval (restore / warm-start mix of rank `rank` / fresh)."""
+        with self.clock.time("bank"):
+            return plan_arrival(self.bank, key, rank)
+
+    def store_task(self, task: int, key: np.ndarray, snapshot: Snapshot, accuracy: float) -> list[int]:
+        """Store (or overwrite) a task's compressed adapter; returns the tasks evicted by the top-K cap."""
+        with self.clock.time("bank"):
+            return self.bank.store(snapshot.entry(task, key, accuracy))
+
+    def bank_entry(self, task: int) -> BankEntry | None:
+        return self.bank.entries.get(task)
+
+    def bank_summary(self) -> dict:
+        return {"entries": self.bank.summary(), "evicted": self.bank.evicted, "arrivals": self.bank.clock}
+
     def memory_report(self) -> dict[str, int]:
-        return {"slots": self.router.nbytes(), "num_slots": self.router.num_slots, "prototypes": 0, "bank": 0}
+        # A router without slots (NSR runs keep the bank only) holds no memory worth reporting.
+        slots = self.router.nbytes() if self.router.num_slots else 0
+        return {"slots": slots, "num_slots": self.router.num_slots, "prototypes": 0, "bank": self.bank.nbytes()}
 
     def history(self) -> dict:
         return {"slot_history": [list(p) for p in self.slot_history], "expansions": self.expansions,
@@ -79,6 +102,7 @@ class MemoryManager:
         out["slot_history"] = np.array(self.slot_history, dtype=np.int64).reshape(-1, 2)
         out["expansions"] = np.array(json.dumps(self.expansions))
         out["counters"] = np.array([self.routed, self.refused_expansions], dtype=np.int64)
+        out.update({f"bank.{k}": v for k, v in self.bank.state().items()})
         return out
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
@@ -86,6 +110,9 @@ class MemoryManager:
         self.slot_history = [tuple(int(x) for x in row) for row in state["slot_history"]]
         self.expansions = json.loads(str(state["expansions"]))
         self.routed, self.refused_expansions = (int(x) for x in state["counters"])
+        bank = {k[5:]: v for k, v in state.items() if k.startswith("bank.")}
+        if bank:  # checkpoints written before the bank existed have none
+            self.bank.restore(bank)
 
     def timings(self) -> dict:
         return self.clock.report()

@@ -25,6 +25,7 @@ import torch
 from memcl_ops.baselines import DERppConfig, DERppHead, EWCConfig, EWCHead, JointHead, NearestMeanHead
 from memcl_ops.dcda import Stage1Config, Stage2Config, Teacher, apply_memory, train_stage2
 from memcl_ops.head import GrowingLinearHead
+from memcl_ops.nsr import NSRConfig
 from memcl_ops.router import RouterConfig, SlotRouter
 from memcl_ops.sgse import SGSEConfig
 
@@ -40,6 +41,7 @@ class MethodConfig:
     stage2: Stage2Config = Stage2Config()
     ewc: EWCConfig = EWCConfig()
     derpp: DERppConfig = DERppConfig()
+    nsr: NSRConfig = NSRConfig()
     consolidate_every: int = 8  # task-free mode: run stage 1 + 2 every K batches
 
 
@@ -140,6 +142,9 @@ class MethodSpec:
     uses_labels_of: str = "current"
     # what the method is in a comparison: "memcl" (ours), "baseline", "ablation" (of MARS) or "upper-bound"
     role: str = "memcl"
+    # "features": the runner's loop over frozen (cached) features and a HeadLearner; "adapter": LoRA trained inside
+    # the encoder on raw batches (NSR, pipeline/adapter_runner.py; `head` is then unused)
+    loop: str = "features"
 
     def resolve(self, config: MethodConfig) -> MethodConfig:
         """`config` with this method's defining settings applied (they win over user values)."""
@@ -172,6 +177,9 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
                memory=True, sgse=True, role="ablation"),
     MethodSpec("mars-no-stage2", "MARS without stage 2's distillation (CE only on h̃)", "distill", memory=True,
                sgse=True, stage1=True, fixed=_NO_DISTILL, role="ablation"),
+    # NSR (memcl_ops/nsr.py): its memoryless baselines are the same method with nsr.allocation fresh / keep.
+    MethodSpec("nsr", "NSR: LoRA in the frozen encoder, compressed into a task bank, recalled at task arrival",
+               "none", task_free=False, loop="adapter"),
 ]}
 
 

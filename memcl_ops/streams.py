@@ -34,16 +34,27 @@ class StreamSpec:
     visits: tuple[int, ...] | None = None  # task order with repeats; None: 0..tasks-1 once
     drift: float = 0.0
     batch_size: int = 256
+    # explicit global class ids of each task (tasks may share classes, e.g. binary topic pairs); overrides the
+    # seeded split above and must list `tasks` tasks
+    task_classes: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.tasks < 1 or self.batch_size < 1:
             raise ValueError("a stream needs at least one task and a positive batch size")
+        if self.task_classes is not None and (len(self.task_classes) != self.tasks
+                                              or not all(self.task_classes)):
+            raise ValueError(f"task_classes must list {self.tasks} non-empty tasks, got {self.task_classes}")
         if not 0.0 <= self.drift <= 1.0:
             raise ValueError(f"drift must be in [0, 1], got {self.drift}")
 
 
 def task_classes(num_classes: int, spec: StreamSpec) -> list[list[int]]:
-    """The global class ids of each task, in the seeded class order."""
+    """The global class ids of each task, in the seeded class order (or as `spec.task_classes` lists them)."""
+    if spec.task_classes is not None:
+        outside = sorted({c for cs in spec.task_classes for c in cs if not 0 <= c < num_classes})
+        if outside:
+            raise ValueError(f"task_classes name classes {outside} outside 0..{num_classes - 1}")
+        return [list(cs) for cs in spec.task_classes]
     order = np.arange(num_classes)
     if spec.shuffle_classes:
         order = np.random.RandomState(spec.class_order_seed).permutation(num_classes)

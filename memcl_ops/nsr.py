@@ -1,0 +1,316 @@
+"""NSR (Neural Subspace Reallocation, METHODS.md 3): one active LoRA adapter inside a frozen encoder, reallocated at
+each task arrival from a bank of compressed past adapters (memcl_ops/task_bank.py).
+
+The *active capacity* is one rank-r adapter plus one head with `n_way` outputs over task-local labels (label =
+position of the class in its task's class list; tasks are evaluated task-incrementally, METHODS.md 3.2). At a task
+arrival the allocation rule decides what the active capacity starts from:
+
+| allocation | start of a visit |
+|---|---|
+| `bank` (NSR) | the bank's retrieval: restore an entry (adapter and head) / warm-start the adapter from a mix / fresh |
+| `fresh` (memoryless) | a fresh adapter (B = 0) and a zero head |
+| `keep` (memoryless) | whatever the previous visit left (adapter and head) |
+
+Training is `CE` on the task's labels plus, after a restore or a warm start, the LwF term
+`λ_KD · T² · KL(p_teacher^T ‖ p_student^T)`: the teacher is the retrieved adapter before adaptation, and both
+teacher and student are read through the (frozen) heads of the tasks that adapter served [R].
+
+`AdapterLearner` is Ray-free; the AdapterTrainer actor wraps it and the MemoryManager actor owns the bank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memcl_ops import schema as S
+from memcl_ops.lora import LoRAAdapters, LoRAConfig
+from memcl_ops.losses import kd_loss
+from memcl_ops.lowrank import CompressedDelta, compress
+from memcl_ops.task_bank import BankConfig, BankEntry, Retrieval, TaskKnowledgeBank, normalize
+from memcl_ops.training import OptimConfig
+
+Allocation = Literal["bank", "fresh", "keep"]
+
+
+@dataclass(frozen=True)
+class NSRConfig:
+    allocation: Allocation = "bank"  # the arrival rule; "fresh" and "keep" are the memoryless baselines
+    lora: LoRAConfig = LoRAConfig()
+    bank: BankConfig = BankConfig()
+    optim: OptimConfig = OptimConfig(epochs=1, lr=1e-3, batch_size=16)  # Adam on adapter + head [R]
+    kd_weight: float = 1.0  # λ_KD [R]
+    kd_temperature: float = 2.0  # T [R]
+    probe_size: int = 256  # the task key is the mean LoRA-off feature of the visit's first rows [R]
+    recovery_tolerance: float = 0.01  # a returning task is back when within this of its previous best [R]
+    recovery_max_steps: int = 100  # steps tracked per returning visit; a task not back by then is censored
+
+    def __post_init__(self) -> None:
+        if self.allocation not in ("bank", "fresh", "keep"):
+            raise ValueError(f"nsr.allocation must be bank, fresh or keep, got {self.allocation!r}")
+        if self.probe_size < 1:
+            raise ValueError(f"nsr.probe_size must be >= 1, got {self.probe_size}")
+
+
+class TrainableEncoder(Protocol):
+    """A frozen encoder whose torch model can carry LoRA (memcl_ops.encoders text and torch image encoders)."""
+
+    model: nn.Module
+    dim: int
+    device: torch.device
+
+    def features(self, batch: pa.RecordBatch) -> torch.Tensor: ...
+
+
+@dataclass
+class ArrivalPlan:
+    """What the active capacity starts from at a task arrival (made by the bank's owner, applied by the learner)."""
+
+    kind: Literal["restore", "warm", "fresh", "keep"]
+    deltas: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # per site (B, A), scale in B
+    head: dict[str, np.ndarray] | None = None  # restored head
+    teacher_heads: list[dict[str, np.ndarray]] = field(default_factory=list)  # heads the loaded adapter served
+    retrieval: Retrieval | None = None
+
+
+def plan_arrival(bank: TaskKnowledgeBank, key: np.ndarray, rank: int) -> ArrivalPlan:
+    """The bank's retrieval rule turned into a plan (restore / warm-start mix / fresh)."""
+    r = bank.retrieve(key)
+    if r.kind == "restore":
+        entry = bank.entries[r.tasks[0]]
+        return ArrivalPlan("restore", entry.delta_factors(), entry.head, [entry.head], r)
+    if r.kind == "warm":
+        return ArrivalPlan("warm", bank.warm_start(r, rank), None, [bank.entries[t].head for t in r.tasks], r)
+    return ArrivalPlan("fresh", retrieval=r)
+
+
+RECOVERY_EPS = 1e-9  # accuracies are ratios of counts; absorbs float error in "best - tolerance"
+
+
+@dataclass
+class RecoveryTracker:
+    """Optimizer steps until a returning task is back within `tolerance` of its previous best accuracy
+    (METHODS.md 3.2, "recovery"): step 0 is the accuracy right after the arrival decision, before any training."""
+
+    previous_best: float
+    tolerance: float
+    max_steps: int
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    recovered_at: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.recovered_at is not None or bool(self.curve and self.curve[-1][0] >= self.max_steps)
+
+    def record(self, step: int, accuracy: float) -> None:
+        if self.done:
+            return
+        self.curve.append((step, accuracy))
+        if accuracy >= self.previous_best - self.tolerance - RECOVERY_EPS:
+            self.recovered_at = step
+
+    def report(self) -> dict:
+        return {"previous_best": self.previous_best, "recovered_at": self.recovered_at,
+                "censored": self.recovered_at is None, "curve": [list(p) for p in self.curve]}
+
+
+@dataclass
+class Snapshot:
+    """The active adapter compressed for the bank, and the active head."""
+
+    deltas: dict[str, CompressedDelta]
+    head: dict[str, np.ndarray]
+
+    def entry(self, task: int, key: np.ndarray, accuracy: float = float("nan")) -> BankEntry:
+        return BankEntry(task, normalize(key), self.deltas, self.head, accuracy)
+
+
+class AdapterLearner:
+    def __init__(self, encoder: TrainableEncoder, config: NSRConfig, n_way: int, seed: int = 0):
+        if n_way < 2:
+            raise ValueError(f"a task needs at least 2 classes, got n_way={n_way}")
+        self.encoder, self.config, self.n_way, self.seed = encoder, config, n_way, seed
+        self.adapters = LoRAAdapters(encoder.model, config.lora)
+        self.device = encoder.device
+        self.head = nn.Linear(encoder.dim, n_way).to(self.device)
+        self.classes: list[int] = []
+        self.teacher: tuple[dict[str, np.ndarray], list[nn.Linear]] | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.visits = 0  # arrivals seen (seeds fresh adapters and minibatch order)
+        self.steps = 0  # optimizer steps in the current visit
+        self._reset_head()
+
+    @torch.no_grad()
+    def _reset_head(self) -> None:
+        self.head.weight.zero_()
+        self.head.bias.zero_()
+
+    # --- task arrival -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def key(self, batches: Sequence[pa.RecordBatch]) -> np.ndarray:
+        """Norm(mean feature) of the first `probe_size` rows, frozen backbone with LoRA off (keys never drift)."""
+        feats, rows = [], 0
+        with self.adapters.disabled():
+            for b in batches:
+                if rows >= self.config.probe_size:
+                    break
+                b = b.slice(0, self.config.probe_size - rows)
+                feats.append(self.encoder.features(b).float().cpu())
+                rows += b.num_rows
+        if not rows:
+            raise ValueError("the task key needs at least one probe row")
+        return normalize(torch.cat(feats).mean(0).numpy())
+
+    def begin_task(self, classes: Sequence[int], plan: ArrivalPlan) -> None:
+        """Start a visit of the task with global `classes` from `plan` (its `kind` "keep" changes nothing)."""
+        if not 1 <= len(classes) <= self.n_way:
+            raise ValueError(f"a task with {len(classes)} classes does not fit a head of {self.n_way} outputs")
+        self.visits += 1
+        self.classes = [int(c) for c in classes]
+        if plan.kind != "keep":
+            self.adapters.load_deltas(plan.deltas, seed=self.seed * 1_000_003 + self.visits)
+            self._load_head(plan.head)
+        self.teacher = None
+        if plan.kind in ("restore", "warm") and self.config.kd_weight > 0:
+            self.teacher = (self.adapters.factors(), [self._frozen_head(h) for h in plan.teacher_heads])
+        params = [*self.adapters.parameters(), *self.head.parameters()]
+        self.optimizer = torch.optim.Adam(params, lr=self.config.optim.lr)
+        self.steps = 0
+
+    def _load_head(self, state: Mapping[str, np.ndarray] | None) -> None:
+        if state is None:
+            self._reset_head()
+            return
+        with torch.no_grad():
+            self.head.weight.copy_(torch.as_tensor(np.asarray(state["weight"], dtype=np.float32)))
+            self.head.bias.copy_(torch.as_tensor(np.asarray(state["bias"], dtype=np.float32)))
+
+    def _frozen_head(self, state: Mapping[str, np.ndarray]) -> nn.Linear:
+        head = nn.Linear(self.encoder.dim, self.n_way).requires_grad_(False).to(self.device)
+        head.weight.copy_(torch.as_tensor(np.asarray(state["weight"], dtype=np.float32)))
+        head.bias.copy_(torch.as_tensor(np.asarray(state["bias"], dtype=np.float32)))
+        return head
+
+    # --- training -----------------------------------------------------------------------------------------------
+
+    def local_labels(self, batch: pa.RecordBatch, classes: Sequence[int] | None = None) -> torch.Tensor:
+        """Labels as positions in `classes` (default: the active task's)."""
+        classes = self.classes if classes is None else classes
+        lookup = {int(c): i for i, c in enumerate(classes)}
+        y = S.labels_to_numpy(batch)
+        bad = sorted({int(c) for c in y} - set(lookup))
+        if bad:
+            raise ValueError(f"labels {bad[:5]} are not classes of the task {list(classes)}")
+        return torch.tensor([lookup[int(c)] for c in y], dtype=torch.long)
+
+    def train_batch(self, batch: pa.RecordBatch, after_step: Callable[[], None] | None = None) -> list[float]:
+        """One optimizer step per `optim.batch_size` rows of `batch`; `after_step` runs after each step."""
+        if self.optimizer is None:
+            raise RuntimeError("begin_task must come before training")
+        losses = []
+        size = self.config.optim.batch_size
+        for start in range(0, batch.num_rows, size):
+            losses.append(self._step(batch.slice(start, size)))
+            if after_step is not None:
+                after_step()
+        return losses
+
+    def _step(self, batch: pa.RecordBatch) -> float:
+        y = self.local_labels(batch).to(self.device)
+        # The teacher pass swaps the factors in place, so it must come before the student pass records them.
+        teacher = self._teacher_features(batch) if self.teacher is not None else None
+        h = self.encoder.features(batch).float()
+        loss = F.cross_entropy(self.head(h), y)
+        if teacher is not None:
+            t = self.config.kd_temperature
+            heads = self.teacher[1]
+            loss = loss + self.config.kd_weight * torch.stack([kd_loss(g(h), g(teacher), t) for g in heads]).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def _teacher_features(self, batch: pa.RecordBatch) -> torch.Tensor:
+        with self.swapped(self.teacher[0]):
+            return self.encoder.features(batch).float()
+
+    @contextmanager
+    def swapped(self, factors: Mapping[str, np.ndarray]):
+        """Inside the block the adapter holds `factors`; the active ones come back after (exactly)."""
+        active = self.adapters.factors()
+        self.adapters.load_factors(factors)
+        try:
+            yield
+        finally:
+            self.adapters.load_factors(active)
+
+    # --- evaluation and storage ---------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def logits(self, batch: pa.RecordBatch) -> torch.Tensor:
+        return self.head(self.encoder.features(batch).float())
+
+    @torch.no_grad()
+    def correct(self, batch: pa.RecordBatch, classes: Sequence[int] | None = None) -> tuple[int, int]:
+        """(correct, total) of the active adapter and head on a batch of the task with `classes` (default: active);
+        the head's output j stands for `classes[j]`."""
+        pred = self.logits(batch).argmax(1).cpu()
+        return int((pred == self.local_labels(batch, classes)).sum()), batch.num_rows
+
+    def accuracy(self, batches: Sequence[pa.RecordBatch], classes: Sequence[int] | None = None) -> float:
+        counts = np.array([self.correct(b, classes) for b in batches]).reshape(-1, 2).sum(0)
+        return float(counts[0] / max(counts[1], 1))
+
+    def accuracy_with(self, stored: BankEntry | Snapshot, classes: Sequence[int],
+                      batches: Sequence[pa.RecordBatch]) -> float:
+        """Accuracy of a stored adapter and head on its task; the active capacity is left exactly as it was."""
+        active = self.state()
+        try:
+            self.load_stored(stored)
+            return self.accuracy(batches, classes)
+        finally:
+            self._load_active(active)
+
+    def snapshot(self) -> Snapshot:
+        """The active adapter compressed (QR-SVD, energy rank, storage dtype) and the head."""
+        deltas = {site: compress(*self.adapters.factor_pair(site), self.config.bank.compression)
+                  for site in self.adapters.sites}
+        return Snapshot(deltas, self._head_state())
+
+    def _head_state(self) -> dict[str, np.ndarray]:
+        return {"weight": self.head.weight.detach().cpu().numpy().copy(),
+                "bias": self.head.bias.detach().cpu().numpy().copy()}
+
+    def load_stored(self, stored: BankEntry | Snapshot) -> None:
+        """Make a stored adapter and head the active capacity (what a restore does)."""
+        self.adapters.load_deltas({site: d.factors() for site, d in stored.deltas.items()})
+        self._load_head(stored.head)
+
+    # --- state --------------------------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The active capacity between visits (a visit's optimizer does not outlive it)."""
+        return {**{f"lora.{k}": v for k, v in self.adapters.factors().items()},
+                **{f"head.{k}": v for k, v in self._head_state().items()},
+                "classes": np.array(self.classes, dtype=np.int64), "visits": np.array(self.visits)}
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        self._load_active(state)
+        self.visits = int(state["visits"])
+        self.optimizer, self.teacher = None, None
+
+    def _load_active(self, state: Mapping[str, np.ndarray]) -> None:
+        self.adapters.load_factors({k[5:]: v for k, v in state.items() if k.startswith("lora.")})
+        self._load_head({"weight": state["head.weight"], "bias": state["head.bias"]})
+        self.classes = [int(c) for c in state["classes"]]

@@ -1,0 +1,142 @@
+"""NSR's learner on the real offline MiniLM and BBC News texts: the backbone never changes, a restored adapter
+reproduces the stored one bit for bit, the arrival rules set up the active capacity as documented."""
+
+import numpy as np
+import pytest
+import torch
+
+from memcl_ops import schema as S
+from memcl_ops.datasets import load_dataset
+from memcl_ops.encoders import EncoderSpec, build_encoder
+from memcl_ops.lora import backbone_parameters
+from memcl_ops.nsr import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, plan_arrival
+from memcl_ops.task_bank import TaskKnowledgeBank
+from memcl_ops.training import OptimConfig
+
+CONFIG = NSRConfig(optim=OptimConfig(lr=5e-3, batch_size=8), probe_size=16)
+TASKS = {0: [0, 1], 1: [2, 3]}  # BBC topics: business vs entertainment, politics vs sport
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield build_encoder(EncoderSpec(name="minilm", max_length=24), "text")
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def bbc():
+    return load_dataset("bbc-news")
+
+
+def batch(bbc, task: int, n: int, offset: int = 0, split: str = "train"):
+    x, y = bbc.split(split)
+    rows = np.concatenate([np.flatnonzero(y == c)[offset:offset + n // 2] for c in TASKS[task]])
+    rows = np.random.default_rng(task + offset).permutation(rows)
+    return S.raw_batch(rows.astype(np.int64), "text", x[rows], y[rows], np.full(len(rows), task), stream="bbc")
+
+
+def learner(encoder, config=CONFIG):
+    return AdapterLearner(encoder, config, n_way=2, seed=0)
+
+
+def test_training_moves_only_the_adapter_and_head_never_the_backbone(encoder, bbc):
+    model = encoder.model
+    nsr = learner(encoder)
+    before = {k: v.detach().clone() for k, v in backbone_parameters(model).items()}
+    assert not any(p.requires_grad for p in backbone_parameters(model).values())
+    nsr.begin_task(TASKS[0], ArrivalPlan("fresh"))
+    losses = nsr.train_batch(batch(bbc, 0, 16))
+    assert len(losses) == 2 and nsr.steps == 2
+    assert any(float(p.detach().abs().sum()) > 0 for p in nsr.adapters.parameters()[1::2])  # B left 0
+    after = backbone_parameters(model)
+    assert set(after) == set(before) and all(torch.equal(before[k], after[k]) for k in before)
+    nsr.adapters.remove()
+
+
+def test_a_restored_adapter_gives_bit_identical_outputs_to_the_stored_one(encoder, bbc):
+    """Store task 0 (compressed, fp16), train task 1 on the same capacity, round-trip the bank through its numpy
+    state, then restore task 0 at its next arrival: logits equal those of the stored adapter exactly."""
+    nsr = learner(encoder)
+    bank = TaskKnowledgeBank(CONFIG.bank)
+    probe = batch(bbc, 0, 16)
+    nsr.begin_task(TASKS[0], plan_arrival(bank, nsr.key([probe]), CONFIG.lora.rank))
+    nsr.train_batch(probe)
+    snapshot = nsr.snapshot()
+    assert all(d.B.dtype == np.float16 for d in snapshot.deltas.values())
+    bank.store(snapshot.entry(0, nsr.key([probe])))
+    held_out = batch(bbc, 0, 8, offset=40)
+    nsr.load_stored(snapshot)
+    stored_logits = nsr.logits(held_out)
+
+    other = batch(bbc, 1, 16)
+    nsr.begin_task(TASKS[1], plan_arrival(bank, nsr.key([other]), CONFIG.lora.rank))
+    nsr.train_batch(other)
+    assert not torch.equal(nsr.logits(held_out), stored_logits)
+
+    copy = TaskKnowledgeBank(CONFIG.bank)
+    copy.restore({k: np.array(v) for k, v in bank.state().items()})
+    plan = plan_arrival(copy, nsr.key([probe]), CONFIG.lora.rank)
+    assert plan.kind == "restore" and plan.retrieval.tasks == [0]
+    nsr.begin_task(TASKS[0], plan)
+    assert torch.equal(nsr.logits(held_out), stored_logits)
+    nsr.adapters.remove()
+
+
+def test_keys_ignore_the_adapter_and_separate_tasks(encoder, bbc):
+    nsr = learner(encoder)
+    a, b = batch(bbc, 0, 16), batch(bbc, 1, 16)
+    key_a = nsr.key([a])
+    nsr.begin_task(TASKS[0], ArrivalPlan("fresh"))
+    nsr.train_batch(a)
+    np.testing.assert_array_equal(nsr.key([a]), key_a)  # LoRA off: the key does not drift with training
+    assert float(np.linalg.norm(key_a)) == pytest.approx(1.0, abs=1e-5)
+    same, other = float(key_a @ nsr.key([batch(bbc, 0, 16, offset=30)])), float(key_a @ nsr.key([b]))
+    assert same > other
+    nsr.adapters.remove()
+
+
+def test_arrival_plans_set_up_the_active_capacity(encoder, bbc):
+    nsr = learner(encoder)
+    data = batch(bbc, 0, 8)
+    nsr.begin_task(TASKS[0], ArrivalPlan("fresh"))
+    nsr.train_batch(data)
+    trained = nsr.state()
+    nsr.begin_task(TASKS[1], ArrivalPlan("keep"))  # memoryless "keep": nothing changes
+    kept = nsr.state()
+    assert all(np.array_equal(kept[k], trained[k]) for k in trained if k.startswith(("lora.", "head.")))
+    assert nsr.teacher is None
+    nsr.begin_task(TASKS[1], ArrivalPlan("fresh"))  # memoryless "fresh": ΔW = 0 and a zero head
+    assert all(float(nsr.adapters.delta(s).abs().max()) == 0.0 for s in nsr.adapters.sites)
+    assert float(nsr.head.weight.detach().abs().sum()) == 0.0
+    # a restore distils from the restored adapter: at the first step student and teacher coincide, KD = 0
+    snap = nsr.snapshot()
+    nsr.begin_task(TASKS[0], ArrivalPlan("restore", {s: d.factors() for s, d in snap.deltas.items()}, snap.head,
+                                         [snap.head]))
+    assert nsr.teacher is not None
+    teacher = nsr._teacher_features(data)
+    assert torch.equal(teacher, encoder.features(data).float().detach())
+    nsr.adapters.remove()
+
+
+def test_labels_outside_the_task_are_refused(encoder, bbc):
+    nsr = learner(encoder)
+    nsr.begin_task(TASKS[0], ArrivalPlan("fresh"))
+    with pytest.raises(ValueError, match=r"labels \[2, 3\] are not classes of the task \[0, 1\]"):
+        nsr.train_batch(batch(bbc, 1, 8))
+    nsr.adapters.remove()
+
+
+def test_recovery_tracker_counts_steps_until_within_tolerance():
+    t = RecoveryTracker(previous_best=0.9, tolerance=0.01, max_steps=5)
+    for step, acc in enumerate([0.5, 0.7, 0.88, 0.895, 0.95]):
+        t.record(step, acc)
+    assert t.recovered_at == 3 and t.report()["curve"][-1] == [3, 0.895]  # stops recording once back
+    censored = RecoveryTracker(previous_best=0.9, tolerance=0.01, max_steps=2)
+    for step in range(5):
+        censored.record(step, 0.5)
+    assert censored.recovered_at is None and censored.report()["censored"] and len(censored.curve) == 3
+    instant = RecoveryTracker(previous_best=0.8, tolerance=0.01, max_steps=5)
+    instant.record(0, 0.8)
+    assert instant.recovered_at == 0
