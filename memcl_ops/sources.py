@@ -275,10 +275,14 @@ class DriftStream:
         labels = classes[rng.integers(len(classes), size=n)]
         return self.means[visit, labels] + rng.normal(size=(n, self.spec.dim)).astype(np.float32), labels
 
+    def batch_rows(self, index: int) -> int:
+        """Rows in batch `index` of a visit."""
+        return min(self.spec.batch_size, self.spec.train_per_visit - index * self.spec.batch_size)
+
     def train_batch(self, visit: int, index: int) -> pa.RecordBatch:
         s = self.spec
         start = index * s.batch_size
-        n = min(s.batch_size, s.train_per_visit - start)
+        n = self.batch_rows(index)
         x, y = self._draw(visit, self.visits[visit], n, (0, visit, index))
         ids = visit * s.train_per_visit + start + np.arange(n)
         tasks = None if self.task_free else np.full(n, self.visits[visit])

@@ -2,6 +2,7 @@
 
     memcl run [--config FILE] [--address auto] [--out DIR] [--seed N] [--resume RUN_DIR] [--set key=value ...]
     memcl report RUN_DIR
+    memcl bench SUITE [--seeds 3] [--methods a,b,...] [--out DIR] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -46,6 +47,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stress(args: argparse.Namespace) -> int:
+    from pipeline.stress import stress
+
+    result = stress(args.tasks, args.task_free, _overrides(args))
+    slots, rss, tp = result["slots"], result["rss_growth_10_to_100pct"], result["throughput"]
+    mode = "task-free" if result["task_free"] else "task boundaries given"
+    print(f"stress: {result['tasks']} visits of {result['distinct_tasks']} recurring tasks ({mode}), "
+          f"{result['samples']['stream']} samples, {result['wall_seconds']:.0f} s")
+    verdict = "holds" if slots["holds"] else "EXCEEDED"
+    print(f"slots {slots['initial']} -> {slots['final']}; bound S0 + N_T + aM = {slots['initial']} + "
+          f"{slots['novel_events']} + 0.05*{slots['tests']} = {slots['bound']:.1f}: {verdict}")
+    print("resident memory growth 10%->100%: " + ", ".join(f"{k} {100 * v:+.1f}%" for k, v in rss.items())
+          + f": {'< 10 % everywhere' if result['rss_holds'] else 'EXCEEDS 10 %'}")
+    print(f"throughput last tenth / second tenth = {tp['last_tenth']:.0f} / {tp['second_tenth']:.0f} samples/s "
+          f"= {tp['ratio']:.2f}: {'within 20 %' if tp['holds'] else 'OUTSIDE 20 %'}")
+    print(f"run folder: {result['run_dir']} (stress.csv, stress.png, stress.json)")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from pipeline import report
 
@@ -53,6 +73,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     report.render(run_dir, metrics)
     print(report.summary_table(metrics))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pipeline import bench
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    rows = bench.bench(args.suite, seeds=args.seeds, methods=methods, out=args.bench_out,
+                       overrides=_overrides(args), progress=args.progress)
+    folder = Path(args.bench_out) / args.suite
+    print()
+    print(bench.markdown(bench.suite(args.suite), bench.aggregate(rows), args.seeds))
+    print(f"tables, curves and runs: {folder}")
     return 0
 
 
@@ -70,9 +103,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override one config value, e.g. --set method.name=finetune")
     run.set_defaults(func=cmd_run)
 
+    st = sub.add_parser("stress", help="a long-horizon drift stream through the actor pipeline, with resource sampling")
+    st.add_argument("--tasks", type=int, default=1000, help="visits of the stream (tasks recur; default 1000)")
+    st.add_argument("--task-free", action="store_true", help="give the learner no task boundaries")
+    st.add_argument("--out", help="parent folder of the run folder (default: runs/stress)")
+    st.add_argument("--seed", type=int)
+    st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value")
+    st.set_defaults(func=cmd_stress)
+
     rep = sub.add_parser("report", help="re-render the tables and plots of a run folder")
     rep.add_argument("run_dir")
     rep.set_defaults(func=cmd_report)
+
+    from pipeline.suites import SUITES
+
+    ben = sub.add_parser("bench", help="every method side by side on one stream (suites: " + ", ".join(SUITES) + ")")
+    ben.add_argument("suite", choices=sorted(SUITES))
+    ben.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
+    ben.add_argument("--methods", help="comma-separated subset of the registered methods (default: all)")
+    ben.add_argument("--out", dest="bench_out", default="runs/bench", help="parent folder of <suite>/ results")
+    ben.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
+    ben.add_argument("--progress", action="store_true", help="show each run's progress bars")
+    ben.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value of the suite")
+    ben.set_defaults(func=cmd_bench)
     return parser
 
 

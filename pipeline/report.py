@@ -59,7 +59,8 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     x = np.arange(1, acc.shape[0] + 1)
     for j in range(acc.shape[1]):
         ax.plot(x, acc[:, j], marker="o", ms=3, label=f"task {j}")
-    ax.plot(x, np.nanmean(acc, axis=1), "k--", lw=2, label="mean (seen)")
+    evaluated = ~np.isnan(acc).all(axis=1)
+    ax.plot(x[evaluated], np.nanmean(acc[evaluated], axis=1), "k--", lw=2, label="mean (evaluated)")
     ax.set_xlabel("visits completed")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1.02)

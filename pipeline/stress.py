@@ -1,0 +1,158 @@
+"""`memcl stress`: a long-horizon drift stream (generated in feature space, no encoder) through the real actor
+pipeline. After every round it samples the slot count, expansions, memory bytes (slots, prototypes, bank,
+head), the resident memory of every actor and of the driver, the Ray object-store usage and the throughput;
+it writes `stress.csv`, `stress.png` and `stress.json` (with the checks below) into the run folder.
+
+Checks (issue 8): the final slot count stays within SGSE's bound S_0 + N_T + αM (N_T: the novel events the
+generator injected, M: the tests the monitor ran, α = 0.05); the resident memory of every process grows by
+less than 10 % between 10 % and 100 % of the stream; the throughput of the last tenth of the stream is within
+20 % of the second tenth.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import psutil
+import ray
+
+from pipeline import runner
+from pipeline.config import RunConfig, load_config
+
+ALPHA = 0.05  # SGSE's per-test false-expansion bound (Cor. 1)
+STRESS_DEFAULTS: dict[str, object] = {
+    "data.dataset": "drift",
+    "method.stage1.optim.epochs": 2,
+    "method.stage2.optim.epochs": 3,
+    "runtime.evaluate_every": 10,
+    "runtime.evaluate_window": 5,
+    "runtime.progress": False,
+    "runtime.out": "runs/stress",
+}
+
+
+def stress_config(tasks: int, task_free: bool, overrides: dict[str, object] | None = None) -> RunConfig:
+    return load_config(overrides={**STRESS_DEFAULTS, "data.drift.visits": tasks, "stream.task_free": task_free,
+                                  **(overrides or {})})
+
+
+def object_store_bytes() -> int | None:
+    """Plasma usage across the cluster, from Ray's memory summary (needs grpcio)."""
+    from ray._private.internal_api import memory_summary
+
+    address = ray.get_runtime_context().gcs_address
+    match = re.search(r"Plasma memory usage (\d+) MiB", memory_summary(address=address, stats_only=True))
+    return int(match.group(1)) * 2**20 if match else None
+
+
+class Sampler:
+    """The on_round hook: a row of measurements every `stride` rounds (reading the object store costs ~0.2 s)."""
+
+    def __init__(self, samples_per_round: list[int], initial_slots: int, rows: int = 200):
+        self.samples_per_round, self.initial_slots = samples_per_round, initial_slots
+        self.stride = max(len(samples_per_round) // rows, 1)
+        self.rows: list[dict] = []
+        self.pids: dict[str, int] = {}
+        self.start = self.last = time.perf_counter()
+        self.last_round = -1
+
+    def _rss(self, pipe: runner.Pipeline) -> dict[str, int]:
+        if not self.pids:  # on a local cluster the driver can read every actor's process
+            handles = {role: getattr(pipe, role) for role in pipe.roles}
+            self.pids = dict(zip(handles, ray.get([h.__ray_call__.remote(lambda self: os.getpid())
+                                                   for h in handles.values()])))
+        rss = {f"rss.{role}": psutil.Process(pid).memory_info().rss for role, pid in self.pids.items()}
+        rss["rss.driver"] = psutil.Process().memory_info().rss
+        return rss
+
+    def __call__(self, r: int, state: runner.RunState, pipe: runner.Pipeline) -> None:
+        if (r + 1) % self.stride and r != len(self.samples_per_round) - 1:
+            return
+        now = time.perf_counter()
+        interval = sum(self.samples_per_round[self.last_round + 1:r + 1])
+        memory = state.round_log[-1]["memory"]
+        slots = memory.get("num_slots", 0)
+        self.rows.append({
+            "round": r, "elapsed_s": now - self.start, "samples": sum(self.samples_per_round[:r + 1]),
+            "throughput": interval / (now - self.last), "slots": slots, "expansions": slots - self.initial_slots,
+            **{f"bytes.{k}": v for k, v in memory.items() if k != "num_slots"},
+            **self._rss(pipe), "object_store": object_store_bytes() or 0})
+        self.last, self.last_round = time.perf_counter(), r  # the sampling itself is not charged to the stream
+
+
+def checks(rows: list[dict], metrics: dict, info_novel: int, initial_slots: int) -> dict:
+    n = len(rows)
+    tenth = max(n // 10, 1)
+    tests = metrics["slots"]["monitor"].get("tests", 0)
+    bound = initial_slots + info_novel + ALPHA * tests
+    final_slots = rows[-1]["slots"]
+    early, late = rows[tenth - 1], rows[-1]
+    growth = {k[4:]: late[k] / early[k] - 1 for k in late if k.startswith("rss.")}
+    second = np.mean([r["throughput"] for r in rows[tenth:2 * tenth]])
+    last = np.mean([r["throughput"] for r in rows[-tenth:]])
+    return {
+        "slots": {"final": final_slots, "initial": initial_slots, "novel_events": info_novel, "tests": tests,
+                  "bound": bound, "holds": final_slots <= bound},
+        "rss_growth_10_to_100pct": growth, "rss_holds": all(g < 0.10 for g in growth.values()),
+        "throughput": {"second_tenth": second, "last_tenth": last, "ratio": last / second,
+                       "holds": abs(last / second - 1) <= 0.20},
+    }
+
+
+def write(run_dir: Path, rows: list[dict], result: dict) -> None:
+    with open(run_dir / "stress.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (run_dir / "stress.json").write_text(json.dumps(result, indent=2, default=float))
+    x = np.array([r["samples"] for r in rows])
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
+    axes[0, 0].plot(x, [r["slots"] for r in rows])
+    axes[0, 0].axhline(result["slots"]["bound"], color="r", ls="--", label="S0 + N_T + αM")
+    axes[0, 0].set_ylabel("slots")
+    axes[0, 0].legend(fontsize=8)
+    for key in [k for k in rows[0] if k.startswith("bytes.")]:
+        axes[0, 1].plot(x, [r[key] / 2**20 for r in rows], label=key[6:])
+    axes[0, 1].set_ylabel("memory (MiB)")
+    axes[0, 1].legend(fontsize=8)
+    for key in [k for k in rows[0] if k.startswith("rss.")]:
+        axes[1, 0].plot(x, [r[key] / 2**20 for r in rows], label=key[4:])
+    axes[1, 0].plot(x, [r["object_store"] / 2**20 for r in rows], "k:", label="object store")
+    axes[1, 0].set_ylabel("resident (MiB)")
+    axes[1, 0].legend(fontsize=7, ncol=2)
+    axes[1, 1].plot(x, [r["throughput"] for r in rows])
+    axes[1, 1].set_ylabel("samples/s")
+    for ax in axes[1]:
+        ax.set_xlabel("samples streamed")
+    fig.tight_layout()
+    fig.savefig(run_dir / "stress.png", dpi=110)
+    plt.close(fig)
+
+
+def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, object] | None = None,
+           actors: runner.ActorCache | None = None) -> dict:
+    config = stress_config(tasks, task_free, overrides)
+    runner.ensure_ray(config)
+    from memcl_ops.sources import DriftStream
+
+    drift = DriftStream(config.data.drift, task_free)
+    info = drift.describe()
+    rounds = runner.plan_rounds(info, task_free, config.method.consolidate_every)
+    sampler = Sampler([sum(drift.batch_rows(i) for _, i in r) for r in rounds], config.method.router.initial_slots)
+    metrics = runner.run(config, actors=actors, on_round=sampler)
+    result = {"tasks": tasks, "task_free": task_free, "distinct_tasks": config.data.drift.tasks,
+              "samples": metrics["samples"], "wall_seconds": metrics["wall_seconds"]["total"],
+              **checks(sampler.rows, metrics, info.novel_shifts, config.method.router.initial_slots)}
+    write(Path(metrics["run_dir"]), sampler.rows, result)
+    result["run_dir"] = metrics["run_dir"]
+    return result

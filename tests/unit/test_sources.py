@@ -1,0 +1,64 @@
+"""Stream kinds: the drift generator and the user's Arrow folder."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from memcl_ops import schema as S
+from memcl_ops.sources import ArrowDirStream, DriftSpec, DriftStream
+
+
+def test_drift_schedule_recurs_and_counts_novel_events():
+    spec = DriftSpec(visits=300, tasks=10, shifts=4, seed=3)
+    stream = DriftStream(spec)
+    info = stream.describe()
+    assert info.visits[0] == 0 and len(info.visits) == 300
+    first = [info.visits.index(t) for t in sorted(set(info.visits))]
+    assert first == sorted(first)  # tasks are introduced in order
+    assert len(set(info.visits)) == 10 and len(info.visits) - len(set(info.visits)) > 200  # mostly recurrences
+    assert info.novel_shifts == 10 + 4 and len(stream.shift_visits) == 4
+    again = DriftStream(spec)
+    np.testing.assert_array_equal(S.features_to_numpy(again.train_batch(7, 0)),
+                                  S.features_to_numpy(stream.train_batch(7, 0)))
+
+
+def test_drift_moves_means_gradually_and_shifts_abruptly():
+    spec = DriftSpec(visits=200, tasks=4, shifts=1, drift_step=0.05, shift_size=12.0, seed=1)
+    stream = DriftStream(spec)
+    shift = stream.shift_visits[0]
+    moved = np.linalg.norm(stream.means[1:] - stream.means[:-1], axis=2)  # (visits-1, classes)
+    shifted = stream.classes(stream.visits[shift])
+    assert np.all(moved[shift - 1, shifted] > 10)  # the shift: a jump of ~shift_size
+    calm = np.delete(moved, shift - 1, axis=0)
+    assert calm.max() < 1.5 and calm.mean() == pytest.approx(0.05 * np.sqrt(spec.dim), rel=0.2)
+
+
+def test_drift_task_free_hides_task_ids_and_labels_match_the_visit():
+    stream = DriftStream(DriftSpec(visits=20, tasks=3), task_free=True)
+    batch = stream.train_batch(5, 0)
+    assert batch.column(S.TASK_ID).null_count == batch.num_rows
+    assert set(S.labels_to_numpy(batch)) <= set(stream.classes(stream.visits[5]))
+
+
+def _write(path, batch):
+    with pa.ipc.new_file(path, batch.schema) as writer:
+        writer.write_batch(batch)
+
+
+def test_arrow_folder_visits_follow_task_ids_and_bad_files_become_batches(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "test").mkdir()
+    for i, task in enumerate([7, 7, 3, 3, 7]):
+        _write(tmp_path / "train" / f"{i:03d}.arrow", S.feature_batch(np.arange(i * 4, i * 4 + 4), np.zeros((4, 2)),
+                                                                      np.zeros(4, int), np.full(4, task)))
+    (tmp_path / "train" / "005.arrow").write_bytes(b"not arrow at all")
+    _write(tmp_path / "test" / "000.arrow", S.feature_batch(np.arange(3), np.ones((3, 2)), np.zeros(3, int),
+                                                            np.full(3, 3)))
+    stream = ArrowDirStream(tmp_path, "features", feature_dim=2)
+    info = stream.describe()
+    assert info.visits == [0, 1, 0] and info.visit_batches == [2, 2, 2]  # the unreadable file joins the last visit
+    assert info.extra["task_ids"] == [7, 3] and info.test_batches == [0, 1]
+    broken = stream.train_batch(2, 1)
+    assert broken.schema.names == ["unreadable_file", "error"]
+    with pytest.raises(ValueError, match="feature_dim"):
+        ArrowDirStream(tmp_path, "features")
