@@ -183,6 +183,12 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
 ]}
 
 
+def head_learner_methods() -> list[str]:
+    """Registered methods whose learning happens in a `HeadLearner` over frozen features (registry order): the
+    ones the conformance suite drives in-process and `memcl bench` compares by default."""
+    return [name for name, spec in METHODS.items() if spec.head in HEADS]
+
+
 def method_spec(name: str) -> MethodSpec:
     try:
         return METHODS[name]

@@ -1,9 +1,10 @@
 """`memcl bench SUITE`: every method side by side on one stream, in one process tree.
 
-A suite is a stream (dotted overrides of the embedded default `RunConfig`) and, optionally, the methods to
-compare; without a list it compares every method registered in `memcl_ops.methods.METHODS` that can run the
-stream, so methods added later join the table on their own. All runs share one `ActorCache` (actors are reset
-between runs, not restarted) and one feature cache (the stream is encoded once, by the first run).
+A suite (pipeline/suites.py) is a stream, as dotted overrides of the embedded default `RunConfig`, and
+optionally the methods to compare; without a list it compares every method registered in
+`memcl_ops.methods.METHODS` that learns on the frozen features and can run the stream, so methods added later
+join the table on their own. All runs share one `ActorCache` (actors are reset between runs, not restarted)
+and one feature cache (the stream is encoded once, by the first run).
 
 Each seed changes the learners' initialisation and minibatch order (`RunConfig.seed`); the stream (class
 order, samples) is the same for every method and seed. Outputs, in `<out>/<suite>/`: `results.md` and
@@ -24,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from memcl_ops.methods import METHODS, method_spec
+from memcl_ops.methods import METHODS, head_learner_methods, method_spec
 from pipeline import runner
 from pipeline.config import RunConfig, load_config
 from pipeline.suites import Suite, suite
@@ -36,9 +37,10 @@ HEADERS = {"a_last": "A_last", "a_mean": "Ā", "forgetting": "forgetting", "bwt"
 
 
 def suite_methods(chosen: Suite, config: RunConfig, methods: list[str] | None = None) -> list[str]:
-    """The methods to compare, in registry order: those asked for (checked), else the suite's, else all that
-    can run the stream (a task-free stream rules out methods that need task boundaries)."""
-    names = methods or list(chosen.methods or METHODS)
+    """The methods to compare: those asked for (checked), else the suite's, else every registered method that
+    learns on the frozen features (registry order); of those, the ones that can run the stream (a task-free
+    stream rules out methods that need task boundaries)."""
+    names = methods or list(chosen.methods or head_learner_methods())
     for name in names:
         method_spec(name)  # unknown names fail here, naming the known ones
     return [n for n in names if METHODS[n].task_free or not config.stream.task_free]

@@ -1,0 +1,46 @@
+"""`memcl bench` without Ray: the table arithmetic, the goal lines, method selection and the suites' configs.
+(A real shrunken bench runs through the actors in tests/integration/test_methods_pipeline.py.)"""
+
+import pytest
+
+from memcl_ops.methods import METHODS, head_learner_methods
+from pipeline import bench
+from pipeline.config import load_config
+from pipeline.suites import SUITES, suite
+
+
+def row(method, a_last, seed=0):
+    return bench.RunRow(method, seed, {"a_last": a_last, "a_mean": a_last, "forgetting": 0.0, "bwt": 0.0},
+                        [a_last], 1.0, 10, "")
+
+
+def test_goal_lines_compare_mars_with_the_best_paper_baseline_and_the_best_memcl_method_with_joint():
+    rows = [row("mars", 0.70), row("mars", 0.72, 1), row("derpp", 0.75), row("derpp", 0.75, 1),
+            row("ewc", 0.5), row("ewc", 0.5, 1), row("joint", 0.74), row("joint", 0.74, 1)]
+    lines = bench.goal_lines(bench.aggregate(rows))
+    assert lines[0].startswith("- MARS A_last minus the best paper baseline (derpp): -4.00 points (not reached)")
+    assert "best memcl method (mars) A_last minus joint: -3.00 points (within 5)" in lines[1]
+
+
+def test_default_methods_are_the_head_learners_and_unknown_ones_are_refused():
+    chosen = suite("fmnist-5x2")
+    config = load_config(overrides=chosen.overrides)
+    assert bench.suite_methods(chosen, config) == head_learner_methods()
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        bench.suite_methods(chosen, config, ["mars", "nope"])
+    with pytest.raises(ValueError, match="unknown bench suite 'cifar'"):
+        suite("cifar")
+    needs_tasks = [n for n, s in METHODS.items() if not s.task_free]
+    if needs_tasks:
+        task_free = load_config(overrides={"stream.task_free": True})
+        assert bench.suite_methods(chosen, task_free, ["mars", *needs_tasks]) == ["mars"]
+
+
+@pytest.mark.parametrize("name", sorted(SUITES))
+def test_every_suite_override_lands_in_the_run_config(name):
+    config = load_config(overrides=SUITES[name].overrides)
+    for key, value in SUITES[name].overrides.items():
+        node = config
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == value, key
