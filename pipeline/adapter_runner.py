@@ -109,12 +109,12 @@ class AdapterPipeline:
         probe_batches = min(n, -(-nsr.probe_size // self.config.stream.batch_size))
         for i in range(probe_batches):
             submit(i)
-        key = plan = None
+        key = None
         if self.memory is not None:
             key = self.trainer.key.remote(*batches)
             plan = self.memory.arrive.remote(key, nsr.lora.rank)
         else:
-            plan = ArrivalPlan("fresh" if nsr.allocation == "fresh" else "keep")
+            plan = ray.put(ArrivalPlan("fresh" if nsr.allocation == "fresh" else "keep"))
         returning = task in state.seen_tasks
         tests = self.test_refs(task, v, letters)
         ray.get(self.trainer.begin_task.remote(classes, plan, state.best.get(str(task)) if returning else None,
