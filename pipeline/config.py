@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,9 @@ class EncoderPoolConfig:
     replicas: int = 1
     num_cpus: float = 1.0  # Ray CPUs reserved per replica
     num_gpus: float | Literal["auto"] = "auto"  # "auto": 1 per replica when the cluster has GPUs, else 0
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per replica (placement)
+    placement: Literal["default", "spread"] = "default"  # "spread": one replica per node where possible
+    max_in_flight: int = 2  # calls queued per replica before the driver waits (backpressure)
     threads: int = 2  # torch threads in each replica (Ray sets OMP_NUM_THREADS=1 in actors)
 
 
@@ -85,6 +88,12 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(tp)}")
         return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        key_type, value_type = typing.get_args(tp)
+        return {_convert(key_type, k, f"{where}.{k}"): _convert(value_type, v, f"{where}.{k}")
+                for k, v in value.items()}
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{where}: expected a list, got {value!r}")

@@ -30,9 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
-from ray import exceptions as rex
 
-from actors.encoder import Encoder
 from actors.memory_manager import MemoryManager
 from actors.novelty_monitor import NoveltyMonitor
 from actors.stage1_trainer import Stage1Trainer
@@ -43,20 +41,12 @@ from memcl_ops.feature_cache import FeatureCache
 from memcl_ops.methods import MethodSpec, method_spec
 from memcl_ops.sources import StreamInfo
 from pipeline import checkpoint, report
+from pipeline.actor_cache import ActorCache, is_fault
 from pipeline.config import RunConfig, dump_config, load_config
+from pipeline.encoder_pool import EncoderPool
 from pipeline.progress import Progress
 
 log = logging.getLogger("memcl")
-
-# Failures of the machinery (a worker or actor died, an object was lost) that a replay from the last good
-# state repairs; anything else (a bug, bad code) is re-raised at once.
-FAULTS = (rex.RayActorError, rex.ActorUnavailableError, rex.ObjectLostError, rex.OwnerDiedError,
-          rex.WorkerCrashedError)
-
-
-def is_fault(err: BaseException) -> bool:
-    return isinstance(err, FAULTS) or (isinstance(err, rex.RayTaskError) and isinstance(err.cause, FAULTS))
-
 
 def ensure_ray(config: RunConfig) -> None:
     """Join `runtime.address` (or RAY_ADDRESS), or start Ray in-process; reuse a session already started."""
@@ -90,82 +80,6 @@ class RunState:
 
     def add_wall(self, phase: str, seconds: float) -> None:
         self.wall[phase] = self.wall.get(phase, 0.0) + seconds
-
-
-class ActorCache:
-    """The actors of a process tree by role. A later run resets them instead of paying an actor start-up again
-    (~4 s each here: a fresh process importing torch); after a fault, `revive` brings a role back."""
-
-    def __init__(self) -> None:
-        self.handles: dict[str, tuple[type, dict, tuple, ray.actor.ActorHandle]] = {}
-
-    def get(self, role: str, actor_class: type, options: dict, *args: object) -> ray.actor.ActorHandle:
-        known = self.handles.get(role)
-        if known is not None and known[1] == options:
-            try:
-                ray.get(known[3].reset.remote(*args))
-                self.handles[role] = (actor_class, options, args, known[3])
-                return known[3]
-            except FAULTS:
-                pass  # dead since its last use: start a new one
-        if known is not None:
-            ray.kill(known[3])
-        handle = actor_class.options(**options).remote(*args)
-        self.handles[role] = (actor_class, options, args, handle)
-        return handle
-
-    def revive(self, role: str) -> ray.actor.ActorHandle:
-        """The role's actor, alive and reset to its construction arguments (restarted by Ray or started anew)."""
-        actor_class, options, args, _ = self.handles[role]
-        return self.get(role, actor_class, options, *args)
-
-    def handle(self, role: str) -> ray.actor.ActorHandle:
-        return self.handles[role][3]
-
-    def close(self) -> None:
-        for *_, handle in self.handles.values():
-            ray.kill(handle)
-        self.handles.clear()
-
-
-class EncoderPool:
-    """N Encoder replicas, used round-robin (calls to one replica run in order)."""
-
-    def __init__(self, config: RunConfig, payload: str, actors: ActorCache):
-        enc = config.encoder
-        gpus = enc.num_gpus
-        if gpus == "auto":
-            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
-        options = {"num_cpus": enc.num_cpus, "num_gpus": gpus, "max_restarts": config.runtime.max_restarts}
-        self.roles = [f"encoder{i}" for i in range(enc.replicas)]
-        self.actors = actors
-        for role in self.roles:
-            actors.get(role, Encoder, options, enc.spec, payload, enc.threads)
-        self.info = ray.get([r.info.remote() for r in self.replicas])
-        self.next = 0
-
-    @property
-    def replicas(self) -> list[ray.actor.ActorHandle]:
-        return [self.actors.handle(role) for role in self.roles]
-
-    @property
-    def id(self) -> str:
-        return self.info[0]["id"]
-
-    @property
-    def dim(self) -> int:
-        return self.info[0]["dim"]
-
-    def encode(self, batch_ref: ray.ObjectRef) -> tuple[ray.ObjectRef, ray.ObjectRef]:
-        """(feature batch, dead letters) refs for one raw batch ref."""
-        replica = self.actors.handle(self.roles[self.next])
-        self.next = (self.next + 1) % len(self.roles)
-        return replica.encode.remote(batch_ref)
-
-    def revive(self) -> None:
-        for role in self.roles:
-            self.actors.revive(role)
-        self.next = 0
 
 
 @dataclass
@@ -541,4 +455,5 @@ def collect_metrics(config: RunConfig, pipe: Pipeline, info: StreamInfo, state: 
         "round_log": state.round_log,
         "consolidations": state.consolidations,
         "recoveries": state.recoveries,
+        "encoders": pipe.encoders.info if pipe.encoders is not None else [],
     }

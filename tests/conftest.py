@@ -21,8 +21,20 @@ def ray_session():
 @pytest.fixture(scope="module")
 def actors(ray_session):
     """Pipeline actors shared by the runs of one test module (reset between runs, killed at the end)."""
-    from pipeline.runner import ActorCache
+    from pipeline.actor_cache import ActorCache
 
     cache = ActorCache()
     yield cache
     cache.close()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Many tiny torch ops (tiny models, small memories) run faster on one intra-op thread, and on a busy 2-core
+    box two threads spin-wait on each other (measured 30x slower). Restores the thread count afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

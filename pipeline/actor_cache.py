@@ -1,0 +1,51 @@
+"""Actors by role, kept alive across runs of one process tree and revived after faults."""
+
+from __future__ import annotations
+
+import ray
+from ray import exceptions as rex
+
+# Failures of the machinery (a worker or actor died, an object was lost) that a replay from the last good
+# state repairs; anything else (a bug, bad code) is re-raised at once.
+FAULTS = (rex.RayActorError, rex.ActorUnavailableError, rex.ObjectLostError, rex.OwnerDiedError,
+          rex.WorkerCrashedError)
+
+
+def is_fault(err: BaseException) -> bool:
+    return isinstance(err, FAULTS) or (isinstance(err, rex.RayTaskError) and isinstance(err.cause, FAULTS))
+
+
+class ActorCache:
+    """The actors of a process tree by role. A later run resets them instead of paying an actor start-up again
+    (~4 s each here: a fresh process importing torch); after a fault, `revive` brings a role back."""
+
+    def __init__(self) -> None:
+        self.handles: dict[str, tuple[type, dict, tuple, ray.actor.ActorHandle]] = {}
+
+    def get(self, role: str, actor_class: type, options: dict, *args: object) -> ray.actor.ActorHandle:
+        known = self.handles.get(role)
+        if known is not None and known[1] == options:
+            try:
+                ray.get(known[3].reset.remote(*args))
+                self.handles[role] = (actor_class, options, args, known[3])
+                return known[3]
+            except FAULTS:
+                pass  # dead since its last use: start a new one
+        if known is not None:
+            ray.kill(known[3])
+        handle = actor_class.options(**options).remote(*args)
+        self.handles[role] = (actor_class, options, args, handle)
+        return handle
+
+    def revive(self, role: str) -> ray.actor.ActorHandle:
+        """The role's actor, alive and reset to its construction arguments (restarted by Ray or started anew)."""
+        actor_class, options, args, _ = self.handles[role]
+        return self.get(role, actor_class, options, *args)
+
+    def handle(self, role: str) -> ray.actor.ActorHandle:
+        return self.handles[role][3]
+
+    def close(self) -> None:
+        for *_, handle in self.handles.values():
+            ray.kill(handle)
+        self.handles.clear()
