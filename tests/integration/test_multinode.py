@@ -1,0 +1,28 @@
+"""Encoder replicas spread over the nodes of a real multi-node Ray cluster give the single-node result."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # three Ray nodes plus a single-node run: minutes on 2 cores
+
+
+def test_replicas_on_different_nodes_match_the_single_node_run(tmp_path):
+    script = Path(__file__).with_name("multinode.py")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    nodes = [e["node"] for e in result["multi"]["encoders"]]
+    assert len(nodes) == 2 and len(set(nodes)) == 2  # one replica per node
+    assert set(nodes) <= set(result["worker_nodes"])  # on the nodes that offer memcl_encoder, not the head
+    np.testing.assert_array_equal(np.array(result["multi"]["acc_matrix"], float),
+                                  np.array(result["single"]["acc_matrix"], float))
+    assert result["multi"]["samples"] == result["single"]["samples"]
