@@ -202,8 +202,8 @@ class LoRAAdapters:
             if tuple(np.shape(state[key])) != tuple(shape):
                 raise ValueError(f"LoRA factor {key!r} has shape {np.shape(state[key])}, the adapter needs {shape}")
         for name, f in self._factors.items():
-            f.A.copy_(torch.as_tensor(np.asarray(state[f"{name}.A"], dtype=np.float32)))
-            f.B.copy_(torch.as_tensor(np.asarray(state[f"{name}.B"], dtype=np.float32)))
+            f.A.copy_(torch.from_numpy(np.array(state[f"{name}.A"], dtype=np.float32)))
+            f.B.copy_(torch.from_numpy(np.array(state[f"{name}.B"], dtype=np.float32)))
 
     @torch.no_grad()
     def load_deltas(self, deltas: Mapping[str, tuple[np.ndarray, np.ndarray]], seed: int | None = None) -> None:
@@ -220,7 +220,7 @@ class LoRAAdapters:
             site = self.sites[name]
             A, B = self._initial_A(i, site, seed), torch.zeros(site.d_out, self.config.rank)
             if name in deltas:
-                bd, ad = (torch.as_tensor(np.asarray(x, dtype=np.float32)) for x in deltas[name])
+                bd, ad = (torch.from_numpy(np.array(x, dtype=np.float32)) for x in deltas[name])
                 k = bd.shape[1]
                 if bd.shape != (site.d_out, k) or ad.shape != (k, site.d_in) or k > self.config.rank:
                     raise ValueError(f"delta factors for {name!r} have shapes {tuple(bd.shape)} and {tuple(ad.shape)}; "

@@ -133,6 +133,12 @@ class Snapshot:
         return BankEntry(task, normalize(key), self.deltas, self.head, accuracy)
 
 
+@torch.no_grad()
+def _copy_head(head: nn.Linear, state: Mapping[str, np.ndarray]) -> None:
+    head.weight.copy_(torch.from_numpy(np.array(state["weight"], dtype=np.float32)))
+    head.bias.copy_(torch.from_numpy(np.array(state["bias"], dtype=np.float32)))
+
+
 class AdapterLearner:
     def __init__(self, encoder: TrainableEncoder, config: NSRConfig, n_way: int, seed: int = 0):
         if n_way < 2:
@@ -189,15 +195,12 @@ class AdapterLearner:
     def _load_head(self, state: Mapping[str, np.ndarray] | None) -> None:
         if state is None:
             self._reset_head()
-            return
-        with torch.no_grad():
-            self.head.weight.copy_(torch.as_tensor(np.asarray(state["weight"], dtype=np.float32)))
-            self.head.bias.copy_(torch.as_tensor(np.asarray(state["bias"], dtype=np.float32)))
+        else:
+            _copy_head(self.head, state)
 
     def _frozen_head(self, state: Mapping[str, np.ndarray]) -> nn.Linear:
         head = nn.Linear(self.encoder.dim, self.n_way).requires_grad_(False).to(self.device)
-        head.weight.copy_(torch.as_tensor(np.asarray(state["weight"], dtype=np.float32)))
-        head.bias.copy_(torch.as_tensor(np.asarray(state["bias"], dtype=np.float32)))
+        _copy_head(head, state)
         return head
 
     # --- training -----------------------------------------------------------------------------------------------
