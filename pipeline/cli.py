@@ -3,6 +3,7 @@
     memcl run [--config FILE] [--address auto] [--out DIR] [--seed N] [--resume RUN_DIR] [--set key=value ...]
     memcl report RUN_DIR
     memcl bench SUITE [--seeds 3] [--methods a,b,...] [--out DIR] [--set key=value ...]
+    memcl bench throughput [--images 2560] [--image-size 64]
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.suite == "throughput":
+        from pipeline.throughput import table, throughput
+
+        rows = throughput(images=args.images, image_size=args.image_size, out=args.bench_out)
+        print()
+        print(table(rows))
+        print(f"throughput.csv and throughput.png: {Path(args.bench_out) / 'throughput'}")
+        return 0
     from pipeline import bench
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
@@ -118,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.suites import SUITES
 
     ben = sub.add_parser("bench", help="every method side by side on one stream (suites: " + ", ".join(SUITES) + ")")
-    ben.add_argument("suite", choices=sorted(SUITES))
+    ben.add_argument("suite", choices=[*sorted(SUITES), "throughput"],
+                     help="a suite of methods on one stream, or `throughput`: bare encoder loop vs actor pipeline")
+    ben.add_argument("--images", type=int, default=2560, help="throughput: images streamed per case")
+    ben.add_argument("--image-size", type=int, default=64, help="throughput: EfficientNet input resolution")
     ben.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
     ben.add_argument("--methods", help="comma-separated subset of the registered methods (default: all)")
     ben.add_argument("--out", dest="bench_out", default="runs/bench", help="parent folder of <suite>/ results")
