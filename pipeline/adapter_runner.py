@@ -30,14 +30,14 @@ import ray
 
 from actors.adapter_trainer import AdapterTrainer
 from actors.memory_manager import MemoryManager
-from actors.stream_source import StreamSource
 from memcl_ops import metrics as M
 from memcl_ops.methods import method_spec
 from memcl_ops.nsr import ArrivalPlan
 from memcl_ops.router import RouterConfig
 from memcl_ops.sources import StreamInfo
 from pipeline import checkpoint, report
-from pipeline.config import RunConfig, dump_config
+from pipeline.config import RunConfig
+from pipeline.progress import Progress
 
 log = logging.getLogger("memcl")
 
@@ -170,29 +170,15 @@ class AdapterPipeline:
         ray.get([h.restore.remote(parts[name]) for name, h in self.roles().items()])
 
 
-def run_adapter(config: RunConfig, run_dir: Path | None, resume: Path | None, progress: bool | None,
-                actors) -> dict:
-    """Run (or resume) an NSR stream; returns the metrics written to the run folder's metrics.json."""
-    from pipeline.progress import Progress
-    from pipeline.runner import ensure_ray, new_run_dir
-
+def run_adapter(config: RunConfig, info: StreamInfo, source: ray.actor.ActorHandle, run_dir: Path, resume: bool,
+                bars: Progress, started: float, actors) -> dict:
+    """Run (or resume) an NSR stream once `runner.run` has set up Ray, the source and the run folder; returns the
+    metrics written to the run folder's metrics.json."""
     rt = config.runtime
-    if config.stream.task_free:
-        raise ValueError("nsr reallocates its adapter at task arrivals: it needs task boundaries (stream.task_free)")
-    bars = Progress(enabled=rt.progress if progress is None else progress)
-    started = time.perf_counter()
-    ensure_ray(config)
-    source = actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": rt.max_restarts}, config.data,
-                        config.stream, rt.max_batch_rows)
-    info: StreamInfo = ray.get(source.describe.remote())
-    run_dir = run_dir or new_run_dir(config, info.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if resume is None:
-        dump_config(config, run_dir / "config.yaml")
     pipe = AdapterPipeline(config, info, source, actors)
     state = AdapterRunState()
     ckpt_dir = run_dir / "checkpoints"
-    if resume is not None and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
+    if resume and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
         path, parts, meta = found
         pipe.restore(parts)
         state = AdapterRunState(**meta)

@@ -286,10 +286,6 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
     spec = method_spec(config.method.name)
     if config.stream.task_free and not spec.task_free:
         raise ValueError(f"method {spec.name} needs task boundaries; it cannot run a task-free stream")
-    if spec.loop == "adapter":  # NSR trains LoRA inside the encoder on raw batches: its own loop
-        from pipeline.adapter_runner import run_adapter
-
-        return run_adapter(config, run_dir, resume, progress, actors)
     rt = config.runtime
     bars = Progress(enabled=rt.progress if progress is None else progress)
     started = time.perf_counter()
@@ -301,6 +297,10 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
         dump_config(config, run_dir / "config.yaml")
+    if spec.loop == "adapter":  # NSR trains LoRA inside the encoder on raw batches: its own loop
+        from pipeline.adapter_runner import run_adapter
+
+        return run_adapter(config, info, source, run_dir, resume is not None, bars, started, actors)
 
     encoders, features = None, {}
     t0 = time.perf_counter()

@@ -6,14 +6,7 @@ import torch
 
 from memcl_ops.lowrank import CompressionConfig, compress, energy_rank, factored_svd, mix_and_refactor
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny matrices: a second thread only waits for a core on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices (tests/conftest.py)
 
 
 SHAPES = [(48, 32, 8), (32, 48, 8), (64, 64, 4), (20, 30, 1), (6, 5, 8)]  # (d_out, d_in, r), incl. r > min(d)

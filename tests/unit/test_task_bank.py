@@ -11,15 +11,7 @@ from memcl_ops.lowrank import CompressionConfig, compress
 from memcl_ops.task_bank import BankConfig, BankEntry, TaskKnowledgeBank, normalize
 
 DIM = 16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny matrices: a second thread only waits for a core on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices (tests/conftest.py)
 
 
 @cache
