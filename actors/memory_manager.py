@@ -44,7 +44,7 @@ class MemoryManager:
         with self.clock.time("route"), torch.no_grad():
             h = S.features_to_torch(batch)
             q, probs = self.router.route(h)
-            self.router.update_anchor_stats(h)
+            self.router.update_anchor_stats(h, probs)
             self.routed += batch.num_rows
             return pa.RecordBatch.from_arrays(
                 [batch.column(S.SAMPLE_ID), pa.array(probs.max(dim=1).values.numpy()), S.matrix_to_arrow(q.numpy())],

@@ -107,11 +107,13 @@ class SlotRouter(nn.Module):
         return self.num_slots - 1
 
     @torch.no_grad()
-    def update_anchor_stats(self, h: torch.Tensor) -> None:
+    def update_anchor_stats(self, h: torch.Tensor, probs: torch.Tensor | None = None) -> None:
         """Router-weighted EMA of LN(h) per slot (Eqs. 7-8 as reconstructed in METHODS.md 2.3):
-        μ_i ← ρ μ_i + (1-ρ) Σ_x p_i(x) LN(h(x)),  c_i ← ρ c_i + (1-ρ) Σ_x p_i(x)."""
+        μ_i ← ρ μ_i + (1-ρ) Σ_x p_i(x) LN(h(x)),  c_i ← ρ c_i + (1-ρ) Σ_x p_i(x).
+        `probs`: the routing of h if the caller has it already."""
         rho = self.config.anchor_momentum
-        _, probs = self.route(h)
+        if probs is None:
+            _, probs = self.route(h)
         self.anchor_sum.mul_(rho).add_((1 - rho) * probs.T @ layer_norm(h))
         self.anchor_mass.mul_(rho).add_((1 - rho) * probs.sum(dim=0))
 
