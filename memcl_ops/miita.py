@@ -1,0 +1,351 @@
+"""MIITA direction memory and its inference-time use (METHODS.md 1.2, reconstruction [R] of Secs. 3.2.2-3.3).
+
+Memory `B = {(d_j, A_j, n_j)}`: unit correction directions in the pre-LM-head space, each with a set of
+semantic anchor keys (retrieval only) and the number of experiences merged into it.
+
+* write (1.2 b): merge by *direction* (cos ≥ τ_d) into a count-weighted spherical mean, and add the key as a
+  new anchor unless an anchor of that prototype is already within τ_a (then absorb it); else a new prototype.
+* bytes (1.2 c): directions and anchors are stored at the storage dtype (fp16 by default) and counted as
+  ``Σ_j [H·b_d + |A_j|·H_k·b_k + b_n]`` from the stored tensors themselves.
+* repair (1.2 d): while over budget, apply the cheapest merge: anchor pair within a prototype (cost 1 − cos)
+  or prototype pair (cost λ_p·(1 − cos), anchors unioned then de-duplicated at τ_a). Merges never go below
+  one prototype with one anchor, and the budget is checked to hold that much, so the budget holds after
+  every write. (The spec's last-resort "drop the oldest anchor" is unreachable: an anchor merge is always
+  available while a prototype has two anchors.)
+* read (1.2 e-g): `Adaptation.for_queries(keys)` ranks prototypes by anchor relevance r_j once per query;
+  each decoding step then scores the candidates by r_j + λ_u·cos(u_t, d_j), with the label-free uncertainty
+  direction u_t = Norm(Wᵀ[p ⊙ (log p + H)]) = Norm(−∂H/∂h), aggregates Δ_t = Σ softmax(s/τ_w) d_j (not
+  renormalised: its norm damps disagreeing neighbours) and returns h̃ = h + η·g·‖h‖·Δ_t with the gate
+  g = σ(κ_H(H/log V − θ_H))·σ(κ_r(max r − θ_r)).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from memcl_ops.router import normalize
+
+STORAGE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+COUNT_BYTES = 4  # b_n: n_j is an int32
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Write, budget and repair of the direction memory; all [R] defaults of METHODS.md 1.2 (j)."""
+
+    budget_bytes: int = 256 * 1024  # C_mem; the paper reports robustness across budgets, values unknown
+    eps: float = 1e-8  # ε of Norm(·)
+    min_correction_norm: float = 0.0  # ρ_min: skip writes whose ‖R_m‖ is below it (0: off)
+    direction_merge: float = 0.8  # τ_d: merge into the nearest prototype when cos(d_m, d_j) ≥ τ_d
+    new_anchor: float = 0.9  # τ_a: add the key as an anchor when no anchor of the prototype is this close
+    storage_dtype: Literal["float16", "float32"] = "float16"  # b_d = b_k = 2 bytes at fp16
+    prototype_merge_cost: float = 2.0  # λ_p: prototype merges cost λ_p·(1 − cos), so anchor merges go first
+
+    def __post_init__(self) -> None:
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"storage_dtype {self.storage_dtype!r} is not one of {sorted(STORAGE_DTYPES)}")
+        if self.budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be positive, got {self.budget_bytes}")
+        for name in ("direction_merge", "new_anchor"):
+            if not -1.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} is a cosine threshold in [-1, 1], got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """Retrieval, aggregation, gate and step size at inference; [R] defaults of METHODS.md 1.2 (f)-(g)."""
+
+    candidates: int = 8  # K_s: prototypes kept per query by anchor relevance
+    top_k: int = 3  # K: prototypes aggregated per decoding step
+    uncertainty_weight: float = 0.5  # λ_u in s_j = r_j + λ_u·cos(u_t, d_j)
+    temperature: float = 0.05  # τ_w of the aggregation softmax
+    entropy_slope: float = 10.0  # κ_H
+    entropy_threshold: float = 0.15  # θ_H, on the entropy normalised by log V
+    relevance_slope: float = 20.0  # κ_r
+    relevance_threshold: float = 0.5  # θ_r
+    step: float = 0.1  # η, relative to ‖h‖; sweep {0.02, 0.05, 0.1, 0.2, 0.5}
+
+    def __post_init__(self) -> None:
+        if self.candidates < 1 or self.top_k < 1:
+            raise ValueError(f"candidates ({self.candidates}) and top_k ({self.top_k}) must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    action: Literal["new", "merged", "skipped"]
+    prototype: int  # index written to (-1 when skipped)
+    anchor_added: bool
+    repairs: int  # repair operations the write triggered
+
+
+def prototype_bytes(hidden: int, key_dim: int, anchors: int, storage_dtype: str = "float16") -> int:
+    """H·b_d + |A|·H_k·b_k + b_n: the bytes one prototype with `anchors` anchors takes."""
+    b = STORAGE_DTYPES[storage_dtype].itemsize
+    return hidden * b + anchors * key_dim * b + COUNT_BYTES
+
+
+class DirectionMemory:
+    """The byte-budgeted prototype memory B. Directions and anchors live at the storage dtype; every
+    computation on them runs in float32 on cached unit-norm copies (kept in step with the stored tensors)."""
+
+    def __init__(self, hidden: int, key_dim: int, config: MemoryConfig = MemoryConfig()):
+        self.hidden, self.key_dim, self.config = hidden, key_dim, config
+        self.dtype = STORAGE_DTYPES[config.storage_dtype]
+        smallest = prototype_bytes(hidden, key_dim, 1, config.storage_dtype)
+        if config.budget_bytes < smallest:
+            raise ValueError(f"budget_bytes {config.budget_bytes} cannot hold one prototype with one anchor "
+                             f"({smallest} bytes at hidden {hidden}, key dim {key_dim}, {config.storage_dtype})")
+        self.directions: list[torch.Tensor] = []  # (H,) each, at the storage dtype
+        self.anchors: list[torch.Tensor] = []  # (|A_j|, H_k) each, oldest first
+        self.counts: list[int] = []
+        self._units = torch.zeros(0, hidden)  # float32 unit directions (J, H)
+        self._anchor_units: list[torch.Tensor] = []
+        self._anchor_pair: list[tuple[float, int, int] | None] = []  # closest anchor pair per prototype
+        self.writes = 0
+        self.repairs = 0
+
+    def __len__(self) -> int:
+        return len(self.directions)
+
+    @property
+    def num_anchors(self) -> int:
+        return sum(len(a) for a in self.anchors)
+
+    def nbytes(self) -> int:
+        """Bytes of the stored tensors at their storage dtype (directions, anchors, int32 counts)."""
+        tensors = sum(t.numel() * t.element_size() for t in (*self.directions, *self.anchors))
+        return int(tensors + COUNT_BYTES * len(self.counts))
+
+    # ---------------------------------------------------------------- storage (stored tensors + caches)
+    def _store(self, v: torch.Tensor) -> torch.Tensor:
+        return normalize(v.float(), self.config.eps).to(self.dtype)
+
+    def _unit(self, stored: torch.Tensor) -> torch.Tensor:
+        return normalize(stored.float(), self.config.eps)
+
+    def _set_direction(self, j: int, v: torch.Tensor) -> None:
+        self.directions[j] = self._store(v)
+        self._units[j] = self._unit(self.directions[j])
+
+    def _set_anchors(self, j: int, stored: torch.Tensor) -> None:
+        self.anchors[j] = stored
+        self._anchor_units[j] = self._unit(stored)
+        self._anchor_pair[j] = _closest_pair(self._anchor_units[j]) if len(stored) > 1 else None
+
+    def _append(self, d: torch.Tensor, k: torch.Tensor) -> None:
+        self.directions.append(self._store(d))
+        self._units = torch.cat([self._units, self._unit(self.directions[-1]).unsqueeze(0)])
+        self.anchors.append(torch.zeros(0))
+        self._anchor_units.append(torch.zeros(0))
+        self._anchor_pair.append(None)
+        self._set_anchors(len(self.anchors) - 1, self._store(k).unsqueeze(0))
+        self.counts.append(1)
+
+    def _delete(self, j: int) -> None:
+        for parts in (self.directions, self.anchors, self.counts, self._anchor_units, self._anchor_pair):
+            del parts[j]
+        self._units = torch.cat([self._units[:j], self._units[j + 1:]])
+
+    # ---------------------------------------------------------------- write
+    def write(self, key: torch.Tensor, correction: torch.Tensor) -> WriteResult:
+        """WRITE(B, k_m, d_m) with d_m = Norm(R_m), then REPAIR while over budget."""
+        key, correction = self._checked(key, self.key_dim, "key"), self._checked(correction, self.hidden, "correction")
+        self.writes += 1
+        if float(correction.norm()) < self.config.min_correction_norm:
+            return WriteResult("skipped", -1, False, 0)
+        d, k = normalize(correction, self.config.eps), normalize(key, self.config.eps)
+        sims = self._units @ d
+        j = int(sims.argmax()) if len(sims) else -1
+        if j < 0 or float(sims[j]) < self.config.direction_merge:
+            self._append(d, k)
+            action, j, added = "new", len(self.directions) - 1, True
+        else:
+            n = self.counts[j]
+            self._set_direction(j, n * self.directions[j].float() + d)  # count-weighted spherical mean
+            self.counts[j] = n + 1
+            anchor_sims = self._anchor_units[j] @ k
+            a = int(anchor_sims.argmax())
+            added = float(anchor_sims[a]) < self.config.new_anchor
+            if added:
+                self._set_anchors(j, torch.cat([self.anchors[j], self._store(k).unsqueeze(0)]))
+            else:  # absorb: a* ← Norm(a* + k_m)
+                anchors = self.anchors[j].clone()
+                anchors[a] = self._store(anchors[a].float() + k)
+                self._set_anchors(j, anchors)
+            action = "merged"
+        repairs = self._repair()
+        return WriteResult(action, j, added, repairs)
+
+    def _checked(self, v: torch.Tensor, dim: int, name: str) -> torch.Tensor:
+        v = torch.as_tensor(v).float().reshape(-1)
+        if v.numel() != dim:
+            raise ValueError(f"{name} has {v.numel()} values, the memory expects {dim}")
+        if not torch.isfinite(v).all():
+            raise ValueError(f"{name} contains NaN or Inf")
+        return v
+
+    # ---------------------------------------------------------------- repair
+    def _repair(self) -> int:
+        done = 0
+        while self.nbytes() > self.config.budget_bytes:
+            anchor_cost, anchor_at = math.inf, None
+            for p, pair in enumerate(self._anchor_pair):
+                if pair is not None and 1.0 - pair[0] < anchor_cost:
+                    anchor_cost, anchor_at = 1.0 - pair[0], (p, pair[1], pair[2])
+            proto_cost, proto_at = math.inf, None
+            if len(self.directions) > 1:
+                cos, i, j = _closest_pair(self._units)
+                proto_cost, proto_at = self.config.prototype_merge_cost * (1.0 - cos), (i, j)
+            if anchor_at is None and proto_at is None:  # one prototype, one anchor: fits by construction
+                raise AssertionError("memory over budget with nothing left to merge")
+            if proto_at is None or (anchor_at is not None and anchor_cost <= proto_cost):
+                self._merge_anchors(*anchor_at)
+            else:
+                self._merge_prototypes(*proto_at)
+            done += 1
+        self.repairs += done
+        return done
+
+    def _merge_anchors(self, p: int, a: int, b: int) -> None:
+        anchors = self.anchors[p].clone()
+        anchors[a] = self._store(anchors[a].float() + anchors[b].float())  # takes the older one's place
+        self._set_anchors(p, torch.cat([anchors[:b], anchors[b + 1:]]))
+
+    def _merge_prototypes(self, i: int, j: int) -> None:
+        ni, nj = self.counts[i], self.counts[j]
+        self._set_direction(i, ni * self.directions[i].float() + nj * self.directions[j].float())
+        self.counts[i] = ni + nj
+        self._set_anchors(i, torch.cat([self.anchors[i], self.anchors[j]]))
+        self._delete(j)
+        # re-deduplicate the union with rule 1 (anchor merge), down to τ_a
+        while self._anchor_pair[i] is not None and self._anchor_pair[i][0] >= self.config.new_anchor:
+            self._merge_anchors(i, *self._anchor_pair[i][1:])
+
+    # ---------------------------------------------------------------- state
+    def state(self) -> dict[str, np.ndarray]:
+        """Plain numpy arrays: directions (J, H), anchors (ΣA, H_k) with their owner index, counts (J,)."""
+        dtype = np.float16 if self.dtype == torch.float16 else np.float32
+        empty = np.zeros((0, self.hidden), dtype), np.zeros((0, self.key_dim), dtype)
+        return {
+            "directions": torch.stack(self.directions).numpy() if self.directions else empty[0],
+            "anchors": torch.cat(self.anchors).numpy() if self.anchors else empty[1],
+            "anchor_owner": np.concatenate([np.full(len(a), j, np.int32) for j, a in enumerate(self.anchors)])
+            if self.anchors else np.zeros(0, np.int32),
+            "counts": np.array(self.counts, dtype=np.int32),
+            "counters": np.array([self.writes, self.repairs], dtype=np.int64),
+        }
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        directions = torch.from_numpy(np.array(state["directions"])).to(self.dtype)
+        anchors = torch.from_numpy(np.array(state["anchors"])).to(self.dtype)
+        owner = np.asarray(state["anchor_owner"])
+        self.directions = list(directions)
+        self._units = self._unit(directions) if len(directions) else torch.zeros(0, self.hidden)
+        self.anchors, self._anchor_units, self._anchor_pair = [], [], []
+        for j in range(len(directions)):
+            self.anchors.append(torch.zeros(0))
+            self._anchor_units.append(torch.zeros(0))
+            self._anchor_pair.append(None)
+            self._set_anchors(j, anchors[torch.from_numpy(np.flatnonzero(owner == j))])
+        self.counts = [int(c) for c in state["counts"]]
+        self.writes, self.repairs = (int(x) for x in state["counters"])
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray], config: MemoryConfig = MemoryConfig()) -> DirectionMemory:
+        memory = cls(int(state["directions"].shape[1]), int(state["anchors"].shape[1]), config)
+        memory.restore(state)
+        return memory
+
+
+def _closest_pair(units: torch.Tensor) -> tuple[float, int, int]:
+    """(cosine, i, j) of the most similar pair of rows of a unit-norm matrix, i < j."""
+    sims = units @ units.T
+    sims.fill_diagonal_(-math.inf)
+    i, j = divmod(int(sims.argmax()), len(units))
+    return float(sims[i, j]), min(i, j), max(i, j)
+
+
+# -------------------------------------------------------------------- inference
+def uncertainty_direction(logits: torch.Tensor, weight: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """u = Norm(Wᵀ[p ⊙ (log p + H)]) = Norm(−∂H/∂h) for logits = W h (+ b); rows of `logits` are steps."""
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    p = log_p.exp()
+    entropy = -(p * log_p).sum(dim=-1, keepdim=True)
+    return normalize((p * (log_p + entropy)) @ weight.float(), eps)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+class Adaptation:
+    """Read side of the memory: per batch of queries, the candidates by anchor relevance; per decoding step,
+    the gated temporary update of the final hidden state. Plugs into `CausalLM.generate(adapter=...)`."""
+
+    def __init__(self, memory: DirectionMemory, weight: torch.Tensor, config: AdaptConfig = AdaptConfig()):
+        self.config, self.weight = config, weight
+        self.eps = memory.config.eps
+        self.directions = (torch.stack(memory.directions).float() if len(memory)
+                           else torch.zeros(0, memory.hidden))
+        self.unit_directions = normalize(self.directions, self.eps)
+        self.anchors = normalize(torch.cat(memory.anchors).float(), self.eps) if len(memory) else None
+        self.owner = (torch.cat([torch.full((len(a),), j) for j, a in enumerate(memory.anchors)])
+                      if len(memory) else None)
+
+    def relevance(self, query_keys: torch.Tensor) -> torch.Tensor:
+        """r_j = max_{a∈A_j} cos(k_q, a), shape (B, J)."""
+        sims = normalize(query_keys.float(), self.eps) @ self.anchors.T  # (B, ΣA)
+        out = torch.full((len(query_keys), len(self.directions)), -math.inf)
+        return out.scatter_reduce(1, self.owner.expand(len(query_keys), -1), sims, reduce="amax")
+
+    def __call__(self, query_keys: torch.Tensor) -> StepUpdate:
+        if not len(self.directions):
+            return StepUpdate(self, torch.zeros(len(query_keys), 0, dtype=torch.long), torch.zeros(len(query_keys), 0))
+        r = self.relevance(query_keys)
+        top = r.topk(min(self.config.candidates, r.shape[1]), dim=1)
+        return StepUpdate(self, top.indices, top.values)
+
+
+class StepUpdate:
+    """h̃ = h + η·g·‖h‖·Δ for one batch of queries (their candidate prototypes fixed at construction)."""
+
+    def __init__(self, adaptation: Adaptation, candidates: torch.Tensor, relevance: torch.Tensor):
+        self.a, self.candidates, self.relevance = adaptation, candidates, relevance
+        self.last_gate: torch.Tensor | None = None  # (B,) gate of the latest step, for diagnostics
+
+    def correction(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Δ_t (B, H), max relevance among the aggregated prototypes (B,))."""
+        cfg = self.a.config
+        u = uncertainty_direction(logits, self.a.weight, self.a.eps)  # (B, H)
+        agreement = torch.einsum("bkh,bh->bk", self.a.unit_directions[self.candidates], u)
+        score = self.relevance + cfg.uncertainty_weight * agreement
+        chosen = score.topk(min(cfg.top_k, score.shape[1]), dim=1)
+        weights = torch.softmax(chosen.values / cfg.temperature, dim=1)
+        picked = self.candidates.gather(1, chosen.indices)
+        delta = torch.einsum("bk,bkh->bh", weights, self.a.directions[picked])
+        return delta, self.relevance.gather(1, chosen.indices).max(dim=1).values
+
+    def gate(self, logits: torch.Tensor, max_relevance: torch.Tensor) -> torch.Tensor:
+        cfg = self.a.config
+        normalised = entropy(logits) / math.log(logits.shape[-1])
+        return (torch.sigmoid(cfg.entropy_slope * (normalised - cfg.entropy_threshold))
+                * torch.sigmoid(cfg.relevance_slope * (max_relevance - cfg.relevance_threshold)))
+
+    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        if self.candidates.shape[1] == 0:  # empty memory: nothing to add
+            self.last_gate = torch.zeros(len(hidden))
+            return hidden
+        delta, max_relevance = self.correction(logits)
+        g = self.gate(logits, max_relevance)
+        self.last_gate = g
+        scale = self.a.config.step * g * hidden.float().norm(dim=-1)
+        return hidden + (scale.unsqueeze(-1) * delta).to(hidden.dtype)
