@@ -16,6 +16,7 @@ it except scalar bookkeeping.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,18 +36,33 @@ def _part(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
 
 
-def _fit_seed(seed: int, fits: int) -> int:
-    """The optimiser seed of the `fits`-th fit: differs per block, reproducible from the checkpointed count."""
-    return seed * 100_003 + fits
-
-
-def _losses(history: list[float]) -> dict[str, float]:
-    return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
-
-
 def _pad_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
     """`a` with zero rows appended up to `rows` (the head grew; new classes have no Fisher, no anchor)."""
     return torch.cat([a, a.new_zeros(rows - a.shape[0], *a.shape[1:])]) if rows > a.shape[0] else a
+
+
+class _TrainedLinearHead:
+    """What the trained baselines share: a growing linear head trained by the stage-2 loop (one optimiser seed
+    per fit, reproducible from the checkpointed fit count) and read through the frozen memory."""
+
+    def __init__(self, feature_dim: int, stage2: Stage2Config, seed: int):
+        self.stage2, self.seed = stage2, seed
+        self.head = GrowingLinearHead(feature_dim)
+        self.fits = 0
+
+    def _train(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None,
+               extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+        history = train_stage2(self.head, memory, features, labels, None, self.stage2,
+                               seed=self.seed * 100_003 + self.fits, extra_loss=extra_loss)
+        self.fits += 1
+        return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
+
+    def end_task(self, memory: SlotRouter | None) -> None:
+        """Nothing by default: learners that consolidate at a boundary override it."""
+
+    @torch.no_grad()
+    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
+        return self.head.predict(apply_memory(memory, features))
 
 
 @dataclass(frozen=True)
@@ -73,7 +89,7 @@ def linear_head_fisher(head: GrowingLinearHead, h: torch.Tensor, labels: torch.T
     return g2.T @ h.pow(2) / len(h), g2.mean(dim=0)
 
 
-class EWCHead:
+class EWCHead(_TrainedLinearHead):
     """Online EWC on the linear head: CE + λ/2 Σ F̃ (θ − θ*)² over the head's weights and biases.
 
     θ* is the head at the end of the previous task, F̃ the decayed sum of each task's diagonal Fisher
@@ -82,13 +98,12 @@ class EWCHead:
     """
 
     def __init__(self, feature_dim: int, stage2: Stage2Config, config: EWCConfig, seed: int):
-        self.stage2, self.config, self.seed = stage2, config, seed
-        self.head = GrowingLinearHead(feature_dim)
+        super().__init__(feature_dim, stage2, seed)
+        self.config = config
         self.fisher: dict[str, torch.Tensor] = {}  # "weight", "bias": F̃ (empty before the first boundary)
         self.anchor: dict[str, torch.Tensor] = {}  # θ*
         self.pending: dict[str, torch.Tensor] = {}  # Fisher of the current task, sample-weighted sum until end_task
         self.pending_count = 0
-        self.fits = 0
 
     def _penalty(self, _idx: torch.Tensor) -> torch.Tensor:
         total = self.head.weight.sum() * 0.0
@@ -100,16 +115,14 @@ class EWCHead:
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
         self.head.grow(labels)
-        history = train_stage2(self.head, memory, features, labels, None, self.stage2,
-                               seed=_fit_seed(self.seed, self.fits), extra_loss=self._penalty if self.fisher else None)
-        self.fits += 1
+        losses = self._train(features, labels, memory, self._penalty if self.fisher else None)
         fisher_w, fisher_b = linear_head_fisher(self.head, apply_memory(memory, features).detach(), labels)
         n = len(labels)
         rows = self.head.num_classes
         self.pending = {"weight": _pad_rows(self.pending.get("weight", fisher_w[:0]), rows) + n * fisher_w,
                         "bias": _pad_rows(self.pending.get("bias", fisher_b[:0]), rows) + n * fisher_b}
         self.pending_count += n
-        return _losses(history)
+        return losses
 
     def end_task(self, memory: SlotRouter | None) -> None:
         if not self.pending_count:
@@ -121,10 +134,6 @@ class EWCHead:
             self.fisher[name] = self.config.gamma * old + task_fisher
             self.anchor[name] = param.detach().clone()
         self.pending, self.pending_count = {}, 0
-
-    @torch.no_grad()
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
-        return self.head.predict(apply_memory(memory, features))
 
     def state(self) -> dict[str, np.ndarray]:
         out = _prefixed("head", self.head.state())
@@ -222,7 +231,7 @@ class ReservoirBuffer:
         return sum(a.nbytes for a in self.arrays().values())
 
 
-class DERppHead:
+class DERppHead(_TrainedLinearHead):
     """DER++: CE on the current block + α·MSE(logits of replayed buffer samples, their stored logits)
     + β·CE(another replayed minibatch, its stored labels).
 
@@ -232,10 +241,9 @@ class DERppHead:
     """
 
     def __init__(self, feature_dim: int, stage2: Stage2Config, config: DERppConfig, seed: int):
-        self.stage2, self.config, self.seed = stage2, config, seed
-        self.head = GrowingLinearHead(feature_dim)
+        super().__init__(feature_dim, stage2, seed)
+        self.config = config
         self.buffer = ReservoirBuffer(config.buffer_size, seed)
-        self.fits = 0
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
         self.head.grow(labels)
@@ -246,7 +254,7 @@ class DERppHead:
                 replay_targets = self.head.columns(torch.from_numpy(self.buffer.labels))
             stored = torch.from_numpy(self.buffer.logits)
             real = torch.arange(stored.shape[1])[None, :] < torch.from_numpy(self.buffer.widths)[:, None]
-            generator = torch.Generator().manual_seed(_fit_seed(self.seed, self.fits) + 1)
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.fits + 1)
             k = self.stage2.optim.batch_size
 
             def extra(_idx: torch.Tensor) -> torch.Tensor:
@@ -257,20 +265,11 @@ class DERppHead:
                 return (self.config.alpha * mse
                         + self.config.beta * F.cross_entropy(self.head(replay_h[b]), replay_targets[b]))
 
-        history = train_stage2(self.head, memory, features, labels, None, self.stage2,
-                               seed=_fit_seed(self.seed, self.fits), extra_loss=extra)
-        self.fits += 1
+        losses = self._train(features, labels, memory, extra)
         with torch.no_grad():
             logits = self.head(apply_memory(memory, features))
         self.buffer.offer(features.numpy(), labels.numpy(), logits.numpy())
-        return _losses(history)
-
-    def end_task(self, memory: SlotRouter | None) -> None:
-        """Nothing: the buffer is filled as data arrives."""
-
-    @torch.no_grad()
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
-        return self.head.predict(apply_memory(memory, features))
+        return losses
 
     def state(self) -> dict[str, np.ndarray]:
         return {**_prefixed("head", self.head.state()), **_prefixed("buffer", self.buffer.state()),
@@ -335,16 +334,14 @@ class NearestMeanHead:
         return {"class_means": self.classes.nbytes + self.sums.nbytes + self.counts.nbytes}
 
 
-class JointHead:
+class JointHead(_TrainedLinearHead):
     """Joint training, the non-continual upper bound: keeps every (raw feature, label) seen so far and, on each
     block, trains a fresh head on all of it at once (stage-2 CE objective and optimiser, no distillation)."""
 
     def __init__(self, feature_dim: int, stage2: Stage2Config, seed: int):
-        self.stage2, self.seed = stage2, seed
-        self.head = GrowingLinearHead(feature_dim)
+        super().__init__(feature_dim, stage2, seed)
         self.features = np.zeros((0, feature_dim), np.float32)
         self.labels = np.zeros(0, np.int64)
-        self.fits = 0
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
         self.features = np.concatenate([self.features, features.numpy()])
@@ -352,16 +349,7 @@ class JointHead:
         x, y = torch.from_numpy(self.features), torch.from_numpy(self.labels)
         self.head = GrowingLinearHead(self.head.feature_dim)
         self.head.grow(y)
-        history = train_stage2(self.head, memory, x, y, None, self.stage2, seed=_fit_seed(self.seed, self.fits))
-        self.fits += 1
-        return _losses(history)
-
-    def end_task(self, memory: SlotRouter | None) -> None:
-        """Nothing: each fit retrains on everything kept."""
-
-    @torch.no_grad()
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
-        return self.head.predict(apply_memory(memory, features))
+        return self._train(x, y, memory)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**_prefixed("head", self.head.state()), "features": self.features.copy(),

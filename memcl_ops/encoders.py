@@ -4,7 +4,7 @@
 |---|---|---|---|
 | `efficientnet-lite0` | ImageNet EfficientNet-Lite0 from PyPI (offline default for images) | image | 1280 |
 | `minilm` | all-MiniLM-L6-v2 from PyPI, mean-pooled (offline default for text) | text | 384 |
-| `open_clip:<model>` | open_clip image tower; `pretrained`: a tag (network) or a local file | image | model's |
+| `open_clip:<model>` | open_clip image tower (name or config .json); `pretrained`: a tag or a file | image | model's |
 | `hf:<path>` | any local transformers text encoder, mean-pooled | text | hidden size |
 | `tiny` | a fixed random projection (seeded); for fast tests | image/text | `dim` |
 
@@ -145,6 +145,11 @@ def open_clip_encoder(spec: EncoderSpec) -> Encoder:
     import open_clip
 
     model_name = spec.name.split(":", 1)[1]
+    if model_name.endswith(".json"):  # an architecture open_clip does not ship: register its config file first
+        if not Path(model_name).is_file():
+            raise EncoderUnavailable(f"open_clip model config {model_name} does not exist")
+        open_clip.add_model_config(model_name)
+        model_name = Path(model_name).stem
     pretrained = spec.pretrained
     if pretrained and not Path(pretrained).is_file():
         tags = open_clip.list_pretrained_tags_by_model(model_name)

@@ -27,6 +27,7 @@ import numpy as np
 
 from memcl_ops.methods import METHODS, head_learner_methods, method_spec
 from pipeline import runner
+from pipeline.actor_cache import ActorCache
 from pipeline.config import RunConfig, load_config
 from pipeline.suites import Suite, suite
 
@@ -67,7 +68,7 @@ class RunRow:
 
 
 def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: str | Path = "runs/bench",
-          overrides: dict[str, object] | None = None, actors: runner.ActorCache | None = None,
+          overrides: dict[str, object] | None = None, actors: ActorCache | None = None,
           progress: bool = False, log=print) -> list[RunRow]:
     """Run every method of suite `name` for seeds 0..seeds-1; rewrites the result files after each run so an
     interrupted bench keeps what it finished. Returns one row per run."""
@@ -75,11 +76,14 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     folder = Path(out) / chosen.name
-    config = load_config(overrides={**chosen.overrides, **(overrides or {}), "runtime.checkpoint": False,
-                                    "runtime.progress": progress, "runtime.out": str(folder / "runs")})
+    # One torch thread per learner actor unless asked otherwise: the runs go one at a time, and on a 2-core
+    # machine shared with other work a second thread mostly waits for a core.
+    config = load_config(overrides={"runtime.actor_threads": 1, **chosen.overrides, **(overrides or {}),
+                                    "runtime.checkpoint": False, "runtime.progress": progress,
+                                    "runtime.out": str(folder / "runs")})
     names = suite_methods(chosen, config, methods)
     own = actors is None
-    actors = actors or runner.ActorCache()
+    actors = actors or ActorCache()
     rows: list[RunRow] = []
     try:
         for method in names:

@@ -21,15 +21,9 @@ from memcl_ops.head import GrowingLinearHead
 from memcl_ops.methods import DistillHead
 from memcl_ops.training import OptimConfig
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 FINETUNE = Stage2Config(optim=OptimConfig(epochs=5, batch_size=32, lr=1e-2), lambda_lwf=0.0, lambda_anchor=0.0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def two_tasks(seed: int, dim: int = 12, per_class: int = 40):

@@ -23,6 +23,8 @@ from memcl_ops.sgse import NoveltyMonitor
 from memcl_ops.streams import StreamSpec, make_plan
 from memcl_ops.training import OptimConfig
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 DIM, TASKS, BATCH = 16, 4, 32
 DATA = make_synthetic(SyntheticSpec(classes=8, dim=DIM, train_per_class=40, test_per_class=20, separation=2.0))
 PLAN = make_plan(DATA.train_y, DATA.test_y, DATA.num_classes, StreamSpec(tasks=TASKS, batch_size=BATCH))
@@ -34,15 +36,6 @@ CONFIG = replace(  # small enough to run every method several times in seconds; 
     stage1=replace(_BASE.stage1, optim=OptimConfig(epochs=2, batch_size=BATCH)),
     stage2=replace(_BASE.stage2, optim=OptimConfig(epochs=3, batch_size=BATCH)),
     derpp=replace(_BASE.derpp, buffer_size=30))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """These tensors are tiny: with a second thread on a busy 2-core machine each op waits for a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def task_block(task: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +109,15 @@ def assert_same_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Non
         np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
 
 
+def learn_in_step(a: LocalMethod, b: LocalMethod, tasks: range) -> None:
+    """Both learn the same tasks: their predictions must agree after each one, and their states at the end."""
+    for t in tasks:
+        a.learn_task(t)
+        b.learn_task(t)
+        np.testing.assert_array_equal(a.predict(), b.predict(), err_msg=f"after task {t}")
+    assert_same_state(a.state(), b.state())
+
+
 ALL = pytest.mark.parametrize("name", head_learner_methods())
 
 
@@ -127,21 +129,12 @@ def test_restored_learner_continues_exactly_like_the_uninterrupted_one(name):
     restored = LocalMethod(name)
     restored.restore(through_npz(uninterrupted.state()))
     np.testing.assert_array_equal(restored.predict(), uninterrupted.predict())
-    for t in range(2, TASKS):
-        uninterrupted.learn_task(t)
-        restored.learn_task(t)
-        np.testing.assert_array_equal(restored.predict(), uninterrupted.predict(), err_msg=f"after task {t}")
-    assert_same_state(restored.state(), uninterrupted.state())
+    learn_in_step(restored, uninterrupted, range(2, TASKS))
 
 
 @ALL
 def test_two_runs_with_one_seed_are_identical(name):
-    a, b = LocalMethod(name, seed=3), LocalMethod(name, seed=3)
-    for t in range(TASKS):
-        a.learn_task(t)
-        b.learn_task(t)
-        np.testing.assert_array_equal(a.predict(), b.predict(), err_msg=f"after task {t}")
-    assert_same_state(a.state(), b.state())
+    learn_in_step(LocalMethod(name, seed=3), LocalMethod(name, seed=3), range(TASKS))
 
 
 @ALL
