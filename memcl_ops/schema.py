@@ -8,6 +8,9 @@ One `pyarrow.RecordBatch` per call. Columns:
 * a raw payload before encoding: ``image`` fixed_size_list<uint8> (shape in schema metadata),
   ``text`` string or ``tokens`` list<int32>
 * ``features`` fixed_size_list<float32, D>: frozen-encoder output
+* supervised text pairs (small LMs): ``text`` is the prompt and ``answer`` string its target text;
+  the LM encoder turns them into ``key`` and ``direction`` fixed_size_list<float32, H> (MIITA's semantic key
+  and unnormalised correction R_m) plus ``correction_norm`` float32
 
 Schema metadata carries ``stream``, ``encoder``, ``feature_dim`` and ``image_shape``.
 `validate` refuses a batch with a `BatchError` that names the column and the offending
@@ -35,6 +38,10 @@ TEXT = "text"
 TOKENS = "tokens"
 FEATURES = "features"
 PAYLOADS = (IMAGE, TEXT, TOKENS)
+ANSWER = "answer"  # target text of a supervised (prompt = `text`, answer) pair
+KEY = "key"
+DIRECTION = "direction"
+CORRECTION_NORM = "correction_norm"
 
 _META_STREAM = b"stream"
 _META_ENCODER = b"encoder"
@@ -121,6 +128,49 @@ def raw_batch(sample_ids: np.ndarray, payload: str, values: object, labels: np.n
     return pa.RecordBatch.from_arrays(
         [pa.array(np.asarray(sample_ids, dtype=np.int64)), _nullable_int32(task_ids, n),
          _nullable_int32(labels, n), column], schema=schema)
+
+
+def text_pair_batch(sample_ids: np.ndarray, prompts: Sequence[str], answers: Sequence[str],
+                    task_ids: np.ndarray | None = None, labels: np.ndarray | None = None, *,
+                    stream: str = "") -> pa.RecordBatch:
+    """A raw text batch whose rows are supervised pairs: `text` holds the prompt, `answer` the target."""
+    base = raw_batch(sample_ids, TEXT, prompts, labels, task_ids, stream=stream)
+    return base.append_column(pa.field(ANSWER, pa.string(), nullable=False), pa.array(list(answers), pa.string()))
+
+
+def text_pairs(batch: pa.RecordBatch) -> tuple[list[str], list[str]]:
+    """(prompts, answers) of a text-pair batch; refuses missing columns, nulls and empty answers by sample id."""
+    ids = _ids(batch)
+    for column in (TEXT, ANSWER):
+        if batch.schema.get_field_index(column) < 0:
+            raise BatchError("missing column (a text-pair batch needs text and answer)", column=column,
+                             sample_ids=ids, reason="schema")
+        if not pa.types.is_string(batch.schema.field(column).type):
+            raise BatchError(f"wrong type {batch.schema.field(column).type}, expected string", column=column,
+                             sample_ids=ids, reason="schema")
+    prompts, answers = batch.column(TEXT).to_pylist(), batch.column(ANSWER).to_pylist()
+    for column, values in ((TEXT, prompts), (ANSWER, answers)):
+        bad = [i for i, v in enumerate(values) if v is None or not v.strip()]
+        if bad:
+            raise BatchError("null or blank text", column=column, sample_ids=_ids(batch, bad), reason="null")
+    return prompts, answers
+
+
+def direction_batch(sample_ids: np.ndarray, keys: np.ndarray, directions: np.ndarray, norms: np.ndarray,
+                    task_ids: np.ndarray | None = None, *, stream: str = "", encoder: str = "") -> pa.RecordBatch:
+    """MIITA's write-side batch: per pair its semantic key, its correction R_m and ‖R_m‖."""
+    keys = np.ascontiguousarray(keys, dtype=np.float32)
+    directions = np.ascontiguousarray(directions, dtype=np.float32)
+    if keys.ndim != 2 or directions.ndim != 2 or len(keys) != len(directions):
+        raise ValueError(f"keys {keys.shape} and directions {directions.shape} must be 2-D with the same rows")
+    n = len(keys)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.asarray(sample_ids, dtype=np.int64)), _nullable_int32(task_ids, n), pa.nulls(n, pa.int32()),
+         matrix_to_arrow(keys), matrix_to_arrow(directions), pa.array(np.asarray(norms, dtype=np.float32))],
+        schema=pa.schema([*_ID_FIELDS, pa.field(KEY, pa.list_(pa.float32(), keys.shape[1]), nullable=False),
+                          pa.field(DIRECTION, pa.list_(pa.float32(), directions.shape[1]), nullable=False),
+                          pa.field(CORRECTION_NORM, pa.float32(), nullable=False)],
+                         metadata=_metadata(stream=stream, encoder=encoder, feature_dim=keys.shape[1])))
 
 
 def _nullable_int32(values: np.ndarray | pa.Array | None, n: int) -> pa.Array:

