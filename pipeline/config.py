@@ -141,8 +141,10 @@ def to_dict(config: Any) -> dict[str, Any]:
     return plain(dataclasses.asdict(config))
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The embedded default, overridden by a YAML file and then by `overrides` (same nesting)."""
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                cls: type = RunConfig) -> Any:
+    """The embedded default of `cls` (a `RunConfig` unless given), overridden by a YAML file and then by
+    `overrides` (same nesting)."""
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text()
@@ -158,8 +160,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         for p in parents:
             section = section.setdefault(p, {})
         section[leaf] = value
-    return from_dict(RunConfig, data)
+    return from_dict(cls, data)
 
 
-def dump_config(config: RunConfig, path: str | Path) -> None:
+def dump_config(config: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
