@@ -98,7 +98,7 @@ def test_nsr_refuses_feature_streams_and_task_free_streams(actors, tmp_path):
 def test_pretrained_minilm_returning_tasks_are_back_at_once_with_the_bank(actors, tmp_path):
     """The recovery claim on the real MiniLM: every returning task restored, back within 1 point at step 0."""
     cfg = config(tmp_path, "minilm", **{"stream.train_per_class": 48, "stream.test_per_class": 25,
-                                         "method.nsr.probe_size": 32, "encoder.spec.max_length": 32})
+                                         "method.nsr.probe_size": 96, "encoder.spec.max_length": 32})
     metrics = runner.run(cfg, actors=actors)
     rec = metrics["recovery"]["returning_visits"]
     assert [r["steps"] for r in rec] == [0, 0, 0] and not any(r["censored"] for r in rec), rec
