@@ -112,6 +112,12 @@ def summary_table(metrics: dict) -> str:
     if slots["history"]:
         lines.append(f"slots {slots['history'][0][1]} -> {slots['history'][-1][1]} "
                      f"({len(slots['expansions'])} expansions, {slots['monitor'].get('tests', 0)} SGSE tests)")
+    recovery = metrics.get("recovery")  # NSR runs (pipeline/adapter_runner.py)
+    if recovery and recovery["returning_visits"]:
+        visits = recovery["returning_visits"]
+        lines.append(f"returning tasks ({metrics['allocation']} allocation): "
+                     + ", ".join(f"task {r['task']} back in {'>=' if r['censored'] else ''}{r['steps']} steps"
+                                 for r in visits) + f"; mean {recovery['mean_steps']:.2f}")
     mem = metrics["memory_bytes"]
     lines.append("memory bytes: " + ", ".join(f"{k} {v:,}" for k, v in mem.items()))
     wall = metrics["wall_seconds"]
