@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from memcl_ops.analytic import AnalyticConfig, AnalyticLearner
 from memcl_ops.baselines import DERppConfig, DERppHead, EWCConfig, EWCHead, JointHead, NearestMeanHead
 from memcl_ops.dcda import Stage1Config, Stage2Config, Teacher, apply_memory, train_stage2
 from memcl_ops.head import GrowingLinearHead
@@ -42,6 +43,7 @@ class MethodConfig:
     ewc: EWCConfig = EWCConfig()
     derpp: DERppConfig = DERppConfig()
     nsr: NSRConfig = NSRConfig()
+    analytic: AnalyticConfig = AnalyticConfig()
     consolidate_every: int = 8  # task-free mode: run stage 1 + 2 every K batches
 
 
@@ -122,6 +124,7 @@ HEADS: dict[str, HeadFactory] = {
     "derpp": lambda dim, cfg, seed: DERppHead(dim, cfg.stage2, cfg.derpp, seed),
     "nearest-mean": lambda dim, cfg, seed: NearestMeanHead(dim),
     "joint": lambda dim, cfg, seed: JointHead(dim, cfg.stage2, seed),
+    "analytic": lambda dim, cfg, seed: AnalyticLearner(dim, cfg.analytic, seed, cfg.stage1.smooth_target),
 }
 
 
@@ -177,6 +180,14 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
                memory=True, sgse=True, role="ablation"),
     MethodSpec("mars-no-stage2", "MARS without stage 2's distillation (CE only on h̃)", "distill", memory=True,
                sgse=True, stage1=True, fixed=_NO_DISTILL, role="ablation"),
+    # Closed-form ridge heads from exact running statistics (memcl_ops/analytic.py): equal to joint ridge on all data
+    # seen after every task, no samples kept.
+    MethodSpec("analytic", "analytic ridge head on the frozen features (exact running statistics, λ by LOO)",
+               "analytic", fixed={"analytic": {"expansion_dim": 0}}),
+    MethodSpec("analytic-rp", "analytic ridge head on a fixed random ReLU expansion of the features (RanPAC-style)",
+               "analytic"),
+    MethodSpec("mars-analytic", "MARS memory (SGSE + DCDA stage 1) with the analytic ridge head on h̃", "analytic",
+               memory=True, sgse=True, stage1=True, fixed={"analytic": {"expansion_dim": 0}}),
     # NSR (memcl_ops/nsr.py): its memoryless baselines are the same method with nsr.allocation fresh / keep.
     MethodSpec("nsr", "NSR: LoRA in the frozen encoder, compressed into a task bank, recalled at task arrival",
                "none", task_free=False, loop="adapter"),

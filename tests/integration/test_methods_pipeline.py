@@ -22,6 +22,7 @@ def tiny(tmp_path, method: str):
         "data.synthetic.train_per_class": TRAIN_PER_CLASS, "data.synthetic.test_per_class": 20,
         "stream.tasks": TASKS, "stream.batch_size": 40, "method.name": method, "method.router.initial_slots": 4,
         "method.stage1.optim.epochs": 2, "method.stage2.optim.epochs": 5, "method.derpp.buffer_size": 30,
+        "method.analytic.expansion_dim": 64,
         "runtime.out": str(tmp_path), "runtime.progress": False, "runtime.actor_threads": 1})
 
 

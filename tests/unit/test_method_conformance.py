@@ -35,7 +35,7 @@ CONFIG = replace(  # small enough to run every method several times in seconds; 
     _BASE, router=RouterConfig(initial_slots=4),
     stage1=replace(_BASE.stage1, optim=OptimConfig(epochs=2, batch_size=BATCH)),
     stage2=replace(_BASE.stage2, optim=OptimConfig(epochs=3, batch_size=BATCH)),
-    derpp=replace(_BASE.derpp, buffer_size=30))
+    derpp=replace(_BASE.derpp, buffer_size=30), analytic=replace(_BASE.analytic, expansion_dim=64))
 
 
 def task_block(task: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,414 @@
+"""Analytic (closed-form ridge) heads: continual learning from running sums of feature statistics.
+
+On frozen features a ridge head needs only G = Σ φ(x)φ(x)ᵀ and C = Σ φ(x)y(x)ᵀ (y one-hot):
+W = (G + λI)⁻¹C. The sums do not depend on the order of the stream, keep no samples and add up across
+workers, so after any task the head is exactly the joint ridge solution on all data seen (ACIL, DS-AL;
+RanPAC adds the fixed random expansion φ(h) = ReLU(Rᵀh)).
+
+Exactness. Float64 addition is not associative: replicas summing different subsets in different orders
+would not reproduce one sequential accumulator bit for bit. So the statistics are exact fixed point: φ is
+rounded to integer multiples of 2^-s (`fraction_bits`), every product φ_i φ_j is then an integer, and
+
+* each Gram block is computed by float64 BLAS over row chunks small enough that every partial sum inside
+  the matrix product stays below 2^53 (|Σ_n q_ni q_nj| ≤ Σ_n max_k q_nk², checked per chunk), so the BLAS
+  result is the exact integer whatever order BLAS sums in;
+* the running sums are int64 (exact up to 2^63, 2^10 more range than integer-valued float64 at the same
+  bytes); |G_ij| ≤ max_k G_kk for a Gram matrix, so checking the diagonal before every addition guarantees
+  no entry can overflow, and a sum that would is refused with an error naming the knob to lower.
+
+The random expansion is exact as well: h is rounded to multiples of 2^-s and R to multiples of 2^-r of
+its scale, so Rᵀh is an exact integer product and φ of a sample has the same bits whichever batch (or
+replica) it is computed in. With s = 16 the rounding error (≤ 2^-17 per coordinate) is far below any
+useful λ; the int64 sums hold ~2^63 / (2^32 · max φ²) samples (about 10^8 for φ of order 1).
+
+λ is chosen per task from `lambda_grid` by closed-form leave-one-out (default) or a held-out split, on
+(a seeded subsample of) the current task only; see `AnalyticHead.select_lambda`.
+
+MARS (`mars-analytic`): the head sits on h̃ of the slot memory, and stage 1 moves h̃ between tasks, so
+statistics summed earlier describe features the memory no longer produces. `AnalyticConfig.drift` says
+what the learner does about it (measured in benchmarks/RESULTS.md):
+
+* "stale": nothing; old statistics stay as they were accumulated, prediction uses the current memory.
+* "reproject": before adding a task, fit a linear map T from h̃ under the previous memory to h̃ under the
+  current one (ridge towards the identity, on the current task's samples and the slots' anchor pairs),
+  and carry the statistics over: G ← TᵀGT, C ← TᵀC (rounded back to fixed point; exactness is lost).
+* "frozen": accumulate statistics of the frozen target stage 1 pulls h̃ towards (LN(h) or h, the
+  smoothness target), which never drifts, and apply the memory at prediction: the head sees h̃.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from memcl_ops.router import SlotRouter, layer_norm
+
+EXACT = 2.0**53  # float64 integers below this are exact, and so is every sum that stays below it
+INT64_HEADROOM = 2.0**62  # int64 sums are refused before any entry could reach this
+
+
+@dataclass(frozen=True)
+class AnalyticConfig:
+    expansion_dim: int = 4096  # M of φ(h) = ReLU(Rᵀh) [R] (RanPAC uses 10^4); 0: φ(h) = h (`analytic` fixes 0)
+    bias: bool = True  # append a constant 1 to φ, penalised like every weight [R]
+    fraction_bits: int = 16  # s: φ stored in exact multiples of 2^-s [R]
+    projection_bits: int = 8  # r: entries of R in multiples of 2^-r of their scale [R]
+    lambda_grid: tuple[float, ...] = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)  # candidate λ [R]
+    # "loo": closed-form leave-one-out of current-task samples under the joint fit (uses every sample, no extra
+    # solve); "holdout": hold out a split of the current task, its statistics subtracted exactly [R]
+    lambda_selection: Literal["loo", "holdout"] = "loo"
+    # what the candidates are scored by on those samples: "accuracy" (error rate, ties broken by the squared error)
+    # or "mse" (the squared error of the one-hot targets, PRESS under "loo") [R]
+    lambda_criterion: Literal["accuracy", "mse"] = "accuracy"
+    selection_samples: int = 512  # current-task samples the λ criterion is computed on (seeded subsample) [R]
+    holdout_fraction: float = 0.2  # share of the current task held out when lambda_selection = "holdout" [R]
+    drift: Literal["stale", "reproject", "frozen"] = "frozen"  # mars-analytic: see the module docstring [R]
+    reproject_ridge: float = 100.0  # η of the reprojection's ridge towards the identity [R]
+
+    def __post_init__(self) -> None:
+        if self.expansion_dim < 0:
+            raise ValueError(f"analytic.expansion_dim must be >= 0, got {self.expansion_dim}")
+        if not 0 <= self.fraction_bits <= 24 or not 0 <= self.projection_bits <= 16:
+            raise ValueError(f"analytic.fraction_bits must be in [0, 24] and projection_bits in [0, 16], got "
+                             f"{self.fraction_bits}, {self.projection_bits}")
+        if not self.lambda_grid or min(self.lambda_grid) <= 0:
+            raise ValueError(f"analytic.lambda_grid needs at least one value, all > 0, got {self.lambda_grid}")
+        if self.selection_samples < 1 or not 0 < self.holdout_fraction < 1 or self.reproject_ridge <= 0:
+            raise ValueError("analytic needs selection_samples >= 1, 0 < holdout_fraction < 1, reproject_ridge > 0; "
+                             f"got {self.selection_samples}, {self.holdout_fraction}, {self.reproject_ridge}")
+
+
+class FeatureMap:
+    """φ(h) in exact fixed point: integer-valued float64 arrays in units of 2^-s (`fraction_bits`).
+
+    With `expansion_dim` M > 0, φ(h) = ReLU(Rᵀh) with R ~ N(0, 1/D) up to a power of two, fixed by `seed`
+    (RanPAC's random expansion); the product is computed on integers (h in units of 2^-s, R in units of
+    2^-r), so it is exact and each sample's φ is independent of the batch it came in.
+    """
+
+    def __init__(self, input_dim: int, config: AnalyticConfig, seed: int):
+        self.input_dim, self.config, self.seed = input_dim, config, seed
+        self.unit = 2.0**config.fraction_bits
+        self.projection: np.ndarray | None = None
+        if config.expansion_dim:
+            gen = np.random.default_rng([seed, input_dim, config.expansion_dim])
+            normal = gen.standard_normal((input_dim, config.expansion_dim))
+            self.projection = np.rint(normal * 2.0**config.projection_bits)  # integers
+            self.projection_max = float(np.abs(self.projection).max())
+            # back to units of 2^-s: undo R's 2^r and scale by ~1/sqrt(D), both powers of two (exact)
+            self.rescale = 2.0 ** -(config.projection_bits + round(np.log2(np.sqrt(input_dim))))
+
+    @property
+    def dim(self) -> int:
+        return (self.config.expansion_dim or self.input_dim) + int(self.config.bias)
+
+    def __call__(self, h: np.ndarray | torch.Tensor) -> np.ndarray:
+        h = np.asarray(h.detach() if isinstance(h, torch.Tensor) else h, dtype=np.float64)
+        if h.ndim != 2 or h.shape[1] != self.input_dim:
+            raise ValueError(f"features must have shape (N, {self.input_dim}), got {h.shape}")
+        if not np.isfinite(h).all():
+            raise ValueError("features must be finite")
+        q = np.rint(h * self.unit)
+        if self.projection is not None:
+            worst = float(np.abs(q).sum(axis=1).max(initial=0.0)) * self.projection_max
+            if worst >= EXACT:
+                raise OverflowError(f"a feature row of L1 norm {worst / self.projection_max / self.unit:.3g} is too "
+                                    f"large for an exact projection at analytic.fraction_bits = "
+                                    f"{self.config.fraction_bits}; lower it")
+            q = np.rint(np.maximum(q @ self.projection, 0.0) * self.rescale)
+        if self.config.bias:
+            q = np.concatenate([q, np.full((len(q), 1), self.unit)], axis=1)
+        return q
+
+    def to_float(self, q: np.ndarray) -> np.ndarray:
+        return q / self.unit
+
+
+def _exact_gram_chunks(q: np.ndarray) -> list[slice]:
+    """Row chunks of q whose Gram products are exact in float64: Σ_rows max_k q_nk² < 2^53 per chunk."""
+    worst = np.abs(q).max(axis=1, initial=0.0) ** 2
+    if len(worst) and worst.max() >= EXACT:
+        raise OverflowError(f"a feature of magnitude {np.sqrt(worst.max()):.3g} (in units of 2^-s) cannot be squared "
+                            "exactly; lower analytic.fraction_bits")
+    chunks, start, total = [], 0, 0.0
+    for n, w in enumerate(worst):
+        if total + w >= EXACT:
+            chunks.append(slice(start, n))
+            start, total = n, 0.0
+        total += w
+    chunks.append(slice(start, len(worst)))
+    return chunks
+
+
+class RidgeStatistics:
+    """Exact sums G = Σ qqᵀ (units 2^-2s) and C = Σ q yᵀ (units 2^-s) as int64, with C's columns over the
+    classes seen, kept sorted so partial statistics merge into the same layout whatever order classes came in.
+    """
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self.gram = np.zeros((dim, dim), np.int64)
+        self.targets = np.zeros((dim, 0), np.int64)
+        self.classes = np.zeros(0, np.int64)
+        self.count = 0
+
+    def _grow(self, classes: np.ndarray) -> None:
+        """Add zero columns for classes not seen yet; the other columns keep their values."""
+        merged = np.union1d(self.classes, classes)
+        if len(merged) != len(self.classes):
+            targets = np.zeros((self.dim, len(merged)), np.int64)
+            targets[:, np.searchsorted(merged, self.classes)] = self.targets
+            self.classes, self.targets = merged, targets
+
+    def _check_headroom(self, added_diagonal: np.ndarray) -> None:
+        # |G_ij| <= max_k G_kk (Cauchy-Schwarz) and |C_ij| <= G_ii (integers: |q| <= q^2), so the diagonal bounds all
+        if len(added_diagonal) and float(self.gram.diagonal().max()) + float(added_diagonal.max()) >= INT64_HEADROOM:
+            raise OverflowError(f"the analytic statistics would exceed the exact int64 range after {self.count} "
+                                "samples; lower analytic.fraction_bits")
+
+    def add(self, q: np.ndarray, labels: np.ndarray, sign: int = 1) -> None:
+        """Fold rows q (integer-valued float64 from `FeatureMap`) with their labels in (sign = -1 takes them out)."""
+        labels = np.asarray(labels, np.int64)
+        if q.shape != (len(labels), self.dim):
+            raise ValueError(f"statistics of dim {self.dim} need q of shape (N, {self.dim}) and N labels, got "
+                             f"{q.shape} and {len(labels)}")
+        if len(labels) and labels.min() < 0:
+            raise ValueError(f"labels must be >= 0, got {labels.min()}")
+        self._grow(labels)
+        onehot = (labels[:, None] == self.classes[None, :]).astype(np.float64)
+        for rows in _exact_gram_chunks(q):
+            part = q[rows]
+            gram = (part.T @ part).astype(np.int64)
+            self._check_headroom(gram.diagonal())
+            self.gram += sign * gram
+            self.targets += sign * (part.T @ onehot[rows]).astype(np.int64)
+        self.count += sign * len(labels)
+
+    def merge(self, other: RidgeStatistics) -> None:
+        """Add another accumulator's sums (exact integer addition: the result does not depend on order)."""
+        if other.dim != self.dim:
+            raise ValueError(f"cannot merge statistics of dim {other.dim} into dim {self.dim}")
+        self._check_headroom(other.gram.diagonal())
+        self._grow(other.classes)
+        self.gram += other.gram
+        self.targets[:, np.searchsorted(self.classes, other.classes)] += other.targets
+        self.count += other.count
+
+    def copy(self) -> RidgeStatistics:
+        out = RidgeStatistics(self.dim)
+        out.restore(self.state())
+        return out
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The upper triangle of the symmetric G only (half the bytes), C, the classes and the count."""
+        return {"gram_upper": self.gram[np.triu(np.ones((self.dim, self.dim), bool))],
+                "targets": self.targets.copy(), "classes": self.classes.copy(), "count": np.array(self.count)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        upper = np.triu(np.ones((self.dim, self.dim), bool))
+        if np.asarray(state["gram_upper"]).shape != (int(upper.sum()),):
+            raise ValueError(f"statistics state does not fit dim {self.dim}")
+        gram = np.zeros((self.dim, self.dim), np.int64)
+        gram[upper] = state["gram_upper"]
+        self.gram = gram + np.triu(gram, 1).T
+        self.targets = np.array(state["targets"], np.int64)
+        self.classes = np.array(state["classes"], np.int64)
+        self.count = int(state["count"])
+
+    def nbytes(self) -> int:
+        return self.dim * (self.dim + 1) // 2 * 8 + self.targets.nbytes + self.classes.nbytes
+
+
+def _cholesky(gram: torch.Tensor, lam: float) -> torch.Tensor:
+    factor, info = torch.linalg.cholesky_ex(gram + lam * torch.eye(len(gram), dtype=gram.dtype))
+    if int(info):
+        raise ValueError(f"G + λI is not positive definite at λ = {lam:g}; use a larger λ")
+    return factor
+
+
+class AnalyticHead:
+    """A ridge head over φ(features): `update` sums statistics, `merge` adds another head's, `solve(λ)` computes
+    W = (G + λI)⁻¹C by Cholesky, `select_lambda` picks λ on a block, `predict` returns global class ids."""
+
+    def __init__(self, input_dim: int, config: AnalyticConfig = AnalyticConfig(), seed: int = 0):
+        self.config, self.seed = config, seed
+        self.feature_map = FeatureMap(input_dim, config, seed)
+        self.stats = RidgeStatistics(self.feature_map.dim)
+        self.weight = np.zeros((self.feature_map.dim, 0))
+        self.weight_classes = np.zeros(0, np.int64)  # the classes W was solved for (the stats may have more)
+        self.lam = float("nan")
+
+    def update(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
+        self.stats.add(self.feature_map(features), np.asarray(labels))
+
+    def merge(self, other: AnalyticHead) -> None:
+        mine, theirs = self.feature_map, other.feature_map
+        if (mine.input_dim, mine.config, mine.seed) != (theirs.input_dim, theirs.config, theirs.seed):
+            raise ValueError("only heads with the same feature map (input dim, analytic config, seed) can merge")
+        self.stats.merge(other.stats)
+
+    def _float_stats(self, stats: RidgeStatistics) -> tuple[torch.Tensor, torch.Tensor]:
+        unit = self.feature_map.unit
+        return (torch.from_numpy(stats.gram.astype(np.float64) / unit**2),
+                torch.from_numpy(stats.targets.astype(np.float64) / unit))
+
+    def _solve(self, stats: RidgeStatistics, lam: float) -> np.ndarray:
+        gram, targets = self._float_stats(stats)
+        return torch.cholesky_solve(targets, _cholesky(gram, lam)).numpy()
+
+    def solve(self, lam: float) -> np.ndarray:
+        """W = (G + λI)⁻¹C over every class seen; returns W (dim × classes)."""
+        if lam <= 0:
+            raise ValueError(f"λ must be > 0, got {lam}")
+        self.weight, self.weight_classes, self.lam = self._solve(self.stats, lam), self.stats.classes.copy(), lam
+        return self.weight
+
+    def select_lambda(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor,
+                      seed: int = 0) -> tuple[float, dict[float, float]]:
+        """λ from `lambda_grid` with the lowest error (`lambda_criterion`) on current-task samples (already in
+        the statistics), and the error of every candidate.
+
+        "loo": the closed-form leave-one-out residual of sample n under the joint fit on everything summed,
+        e_n = (y_n - ŷ_n) / (1 - φ_nᵀ(G + λI)⁻¹φ_n): exact, needs no data beyond the current block and no
+        extra fit, and every current sample both trains and validates. "holdout": a seeded split of the
+        current block is subtracted (exactly) from the statistics, the head solved on the rest and scored on it.
+        Either way only the current task's samples are scored (no old data is kept), on at most
+        `selection_samples` of them. One Cholesky per candidate.
+        """
+        cfg = self.config
+        features, labels = np.asarray(features), np.asarray(labels, np.int64)
+        order = np.random.default_rng([self.seed, seed]).permutation(len(labels))
+        fit = self.stats
+        if cfg.lambda_selection == "holdout":
+            order = order[:max(1, round(cfg.holdout_fraction * len(labels)))]
+            fit = self.stats.copy()
+            fit.add(self.feature_map(features[order]), labels[order], sign=-1)
+        scored = order[:cfg.selection_samples]
+        x = torch.from_numpy(self.feature_map.to_float(self.feature_map(features[scored])))
+        y = torch.from_numpy((labels[scored][:, None] == self.stats.classes[None, :]).astype(np.float64))
+        gram, targets = self._float_stats(fit)
+        scores = {}
+        for lam in cfg.lambda_grid:
+            factor = _cholesky(gram, lam)
+            residual = y - x @ torch.cholesky_solve(targets, factor)
+            if cfg.lambda_selection == "loo":
+                # φᵀ(LLᵀ)⁻¹φ = ‖L⁻¹φ‖²: one triangular solve
+                leverage = torch.linalg.solve_triangular(factor, x.T, upper=False).pow(2).sum(dim=0)
+                residual = residual / (1.0 - leverage).clamp_min(1e-12)[:, None]
+            mse = float(residual.pow(2).sum(dim=1).mean())
+            error_rate = float(((y - residual).argmax(dim=1) != y.argmax(dim=1)).double().mean())
+            scores[lam] = (error_rate, mse) if cfg.lambda_criterion == "accuracy" else (mse,)
+        best = min(scores, key=scores.__getitem__)
+        return best, {lam: score[0] for lam, score in scores.items()}
+
+    def logits(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
+        return self.feature_map.to_float(self.feature_map(features)) @ self.weight
+
+    def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Global class ids of the highest score (-1 before the first solve)."""
+        n = len(features)
+        if not len(self.weight_classes):
+            return np.full(n, -1, dtype=np.int64)
+        return self.weight_classes[self.logits(features).argmax(axis=1)]
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**{f"stats.{k}": v for k, v in self.stats.state().items()}, "weight": self.weight.copy(),
+                "weight_classes": self.weight_classes.copy(), "lambda": np.array(self.lam)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.stats.restore({k[6:]: v for k, v in state.items() if k.startswith("stats.")})
+        self.weight = np.array(state["weight"], np.float64)
+        self.weight_classes = np.array(state["weight_classes"], np.int64)
+        self.lam = float(state["lambda"])
+
+    def nbytes(self) -> dict[str, int]:
+        """Persistent bytes: the statistics, and W with its class ids (R is regenerated from the seed)."""
+        return {"statistics": self.stats.nbytes(), "weights": self.weight.nbytes + self.weight_classes.nbytes}
+
+
+class AnalyticLearner:
+    """The `HeadLearner` of `analytic`, `analytic-rp` (memory None: φ of the frozen features) and `mars-analytic`
+    (the head on the slot memory's h̃, drift handled as `config.drift` says).
+
+    Each fit sums the block into the statistics, picks λ on the block and re-solves, so after every task the
+    head is the joint ridge solution on everything seen (exactly, unless "reproject" has moved the sums).
+    `frozen_target` is stage 1's smoothness target ("ln": LN(h), "raw": h), what the "frozen" option sums.
+    """
+
+    def __init__(self, feature_dim: int, config: AnalyticConfig, seed: int, frozen_target: str = "ln"):
+        self.config, self.frozen_target = config, frozen_target
+        self.head = AnalyticHead(feature_dim, config, seed)
+        self.previous_memory: dict[str, np.ndarray] = {}  # the memory at the last fit ("reproject" only)
+        self.fits = 0
+
+    def _train_inputs(self, features: torch.Tensor, memory: SlotRouter | None) -> torch.Tensor:
+        if memory is None:
+            return features
+        if self.config.drift == "frozen":
+            return layer_norm(features) if self.frozen_target == "ln" else features
+        return memory(features).h_tilde
+
+    @torch.no_grad()
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+        if memory is not None and self.config.drift == "reproject":
+            if self.previous_memory and self.head.stats.count:
+                self._reproject(features, memory)
+            self.previous_memory = memory.state()
+        x = self._train_inputs(features, memory)
+        self.head.update(x, labels)
+        lam, errors = self.head.select_lambda(x, labels, seed=self.fits)
+        self.head.solve(lam)
+        self.fits += 1
+        return {"lambda": lam, "selection_error": errors[lam]}
+
+    def _reproject(self, features: torch.Tensor, memory: SlotRouter) -> None:
+        """Carry the statistics from h̃ under the previous memory to h̃ under `memory` by a linear map T in φ
+        space, fitted on pairs (φ(h̃_old), φ(h̃_new)) of the current block's samples and of the slots' anchors
+        (slot i's mean LN(h) through the old and the new affine of slot i), each set with half the weight
+        (the anchors stand for the old tasks): T = I + (XᵀΩX + ηI)⁻¹XᵀΩ(X' - X)."""
+        previous = SlotRouter(memory.feature_dim, memory.config)
+        previous.load_state(self.previous_memory)
+        old_anchors, live = previous.anchors()
+        live = live[live < memory.num_slots]
+        mean = previous.anchor_sum[live] / previous.anchor_mass[live].clamp_min(previous.config.anchor_floor)[:, None]
+        pairs = [(previous(features).h_tilde, memory(features).h_tilde),
+                 (old_anchors[:len(live)], memory.gamma[live] * mean + memory.beta[live])]
+        fmap, eta = self.head.feature_map, self.config.reproject_ridge
+        lhs = eta * torch.eye(fmap.dim, dtype=torch.float64)
+        rhs = torch.zeros(fmap.dim, fmap.dim, dtype=torch.float64)
+        for old, new in pairs:
+            if not len(old):
+                continue
+            x_old = torch.from_numpy(fmap.to_float(fmap(old)))
+            x_new = torch.from_numpy(fmap.to_float(fmap(new)))
+            weight = 0.5 / len(old) * len(features)  # each set carries half of the block's sample count
+            lhs += weight * x_old.T @ x_old
+            rhs += weight * x_old.T @ (x_new - x_old)
+        t = torch.eye(fmap.dim, dtype=torch.float64) + torch.linalg.solve(lhs, rhs)
+        stats = self.head.stats
+        gram = t.T @ torch.from_numpy(stats.gram.astype(np.float64)) @ t
+        stats.gram = np.rint(((gram + gram.T) / 2).numpy()).astype(np.int64)
+        stats.targets = np.rint((t.T @ torch.from_numpy(stats.targets.astype(np.float64))).numpy()).astype(np.int64)
+
+    def end_task(self, memory: SlotRouter | None) -> None:
+        """Nothing: every fit already re-solved the head."""
+
+    @torch.no_grad()
+    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
+        return self.head.predict(features if memory is None else memory(features).h_tilde)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**{f"head.{k}": v for k, v in self.head.state().items()},
+                **{f"previous_memory.{k}": v.copy() for k, v in self.previous_memory.items()},
+                "fits": np.array(self.fits)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.head.restore({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+        self.previous_memory = {k[16:]: np.array(v) for k, v in state.items() if k.startswith("previous_memory.")}
+        self.fits = int(state["fits"])
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {**self.head.nbytes(), "previous_memory": int(sum(v.nbytes for v in self.previous_memory.values()))}
