@@ -12,10 +12,13 @@ import torch
 
 from actors.clock import StageClock
 from memcl_ops import schema as S
+from memcl_ops.lm_methods import add_examples, write_directions
+from memcl_ops.miita import DirectionMemory, MemoryConfig
 from memcl_ops.nsr import ArrivalPlan, Snapshot, plan_arrival
 from memcl_ops.router import RouterConfig, SlotRouter
 from memcl_ops.sgse import Expansion
 from memcl_ops.task_bank import BankConfig, BankEntry, TaskKnowledgeBank
+from memcl_ops.text_replay import ReplayConfig, TextReplayBuffer
 
 
 @ray.remote
@@ -29,6 +32,8 @@ class MemoryManager:
         torch.set_num_threads(threads)
         self.router = SlotRouter(feature_dim, router, seed=seed)
         self.bank = TaskKnowledgeBank(bank or BankConfig())  # NSR's LoRA bank (empty for other methods)
+        self.prototypes: DirectionMemory | None = None  # MIITA's direction memory (LM runs)
+        self.replay: TextReplayBuffer | None = None  # the text-replay baseline's stored examples (LM runs)
         self.max_slots = max_slots
         self.routed = 0  # samples routed so far (the x axis of the slot history)
         self.slot_history: list[tuple[int, int]] = [(0, self.router.num_slots)]
@@ -88,10 +93,36 @@ class MemoryManager:
     def bank_summary(self) -> dict:
         return {"entries": self.bank.summary(), "evicted": self.bank.evicted, "arrivals": self.bank.clock}
 
+    def use_prototypes(self, hidden: int, key_dim: int, config: MemoryConfig) -> None:
+        self.prototypes = DirectionMemory(hidden, key_dim, config)
+
+    def write_prototypes(self, extracted: pa.RecordBatch) -> dict[str, int]:
+        """MIITA WRITE (with repair) of every (key, direction) row, in stream order."""
+        with self.clock.time("prototypes"):
+            return write_directions(self.prototypes, extracted)
+
+    def prototype_state(self) -> dict[str, np.ndarray]:
+        return self.prototypes.state()
+
+    def use_replay(self, key_dim: int, config: ReplayConfig) -> None:
+        self.replay = TextReplayBuffer(key_dim, config)
+
+    def write_replay(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch) -> int:
+        with self.clock.time("replay"):
+            add_examples(self.replay, pairs, extracted)
+            return len(self.replay)
+
+    def demonstrations(self, query_keys: np.ndarray) -> list[list[tuple[str, str]]]:
+        """The stored examples nearest to each query key (text replay in the prompt)."""
+        with self.clock.time("replay"):
+            return self.replay.nearest(torch.from_numpy(np.array(query_keys)))
+
     def memory_report(self) -> dict[str, int]:
         # A router without slots (NSR runs keep the bank only) holds no memory worth reporting.
         slots = self.router.nbytes() if self.router.num_slots else 0
-        return {"slots": slots, "num_slots": self.router.num_slots, "prototypes": 0, "bank": self.bank.nbytes()}
+        return {"slots": slots, "num_slots": self.router.num_slots,
+                "prototypes": self.prototypes.nbytes() if self.prototypes is not None else 0,
+                "replay_text": self.replay.nbytes() if self.replay is not None else 0, "bank": self.bank.nbytes()}
 
     def history(self) -> dict:
         return {"slot_history": [list(p) for p in self.slot_history], "expansions": self.expansions,
@@ -103,6 +134,9 @@ class MemoryManager:
         out["expansions"] = np.array(json.dumps(self.expansions))
         out["counters"] = np.array([self.routed, self.refused_expansions], dtype=np.int64)
         out.update({f"bank.{k}": v for k, v in self.bank.state().items()})
+        for name, memory in (("prototypes", self.prototypes), ("replay", self.replay)):
+            if memory is not None:
+                out.update({f"{name}.{k}": v for k, v in memory.state().items()})
         return out
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
@@ -113,6 +147,10 @@ class MemoryManager:
         bank = {k[5:]: v for k, v in state.items() if k.startswith("bank.")}
         if bank:  # checkpoints written before the bank existed have none
             self.bank.restore(bank)
+        for name, memory in (("prototypes", self.prototypes), ("replay", self.replay)):
+            part = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(f"{name}.")}
+            if memory is not None and part:  # configured (use_*) before restoring, like the router
+                memory.restore(part)
 
     def timings(self) -> dict:
         return self.clock.report()

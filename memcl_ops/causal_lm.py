@@ -52,7 +52,7 @@ class LMSpec:
     key_layer: int | None = None  # ℓ_k, the hidden_states index of the semantic key; None: L//2 [R]
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruction-tuned models)
     system_prompt: str = "Answer with the label only."  # system turn of the chat template ("" to omit it)
-    max_prompt_tokens: int = 256  # longer prompts keep their last tokens (the instruction sits at the end)
+    max_prompt_tokens: int = 512  # longer prompts keep their last tokens (the question sits at the end)
     micro_batch: int = 16  # sequences per forward pass
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     seed: int = 0  # `tiny:*` only: initialisation of the random weights
@@ -223,20 +223,30 @@ class CausalLM:
         return [vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>") if t in vocab]
 
     # ---------------------------------------------------------------- tokenisation
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """Token ids of a prompt as the model reads it (chat-wrapped if configured), truncated on the left."""
-        if self.spec.chat_template and getattr(self.tokenizer, "chat_template", None):
+    @property
+    def chat(self) -> bool:
+        return self.spec.chat_template and bool(getattr(self.tokenizer, "chat_template", None))
+
+    def prompt_ids(self, prompt: str, demonstrations: Sequence[tuple[str, str]] = ()) -> list[int]:
+        """Token ids of a prompt as the model reads it, truncated on the left. Chat models get the chat template
+        (demonstrations as earlier user/assistant turns); others read "<prompt>\nAnswer:" after
+        "<prompt>\nAnswer: <answer>\n\n" per demonstration."""
+        if self.chat:
             turns = [{"role": "system", "content": self.spec.system_prompt}] if self.spec.system_prompt else []
+            for p, a in demonstrations:
+                turns += [{"role": "user", "content": p}, {"role": "assistant", "content": a}]
             turns.append({"role": "user", "content": prompt})
             ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
         else:
-            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            text = "".join(f"{p}\nAnswer: {a}\n\n" for p, a in demonstrations) + f"{prompt}\nAnswer:"
+            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
         return list(ids)[-self.spec.max_prompt_tokens:]
 
     def answer_ids(self, answer: str) -> list[int]:
-        ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        """The answer's tokens as they follow the prompt (after "Answer:" a space, in a chat turn nothing)."""
+        ids = self.tokenizer(answer if self.chat else f" {answer}", add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError(f"answer {answer!r} has no tokens")
         return list(ids)
@@ -259,18 +269,31 @@ class CausalLM:
         return TeacherForced(torch.cat(keys) if keys else empty, torch.cat(corrections) if corrections else empty,
                              torch.cat(losses) if losses else torch.zeros(0))
 
+    def _forward_pairs(self, prompts: list[list[int]], answers: list[list[int]], hidden_states: bool) -> object:
+        ids, mask = _right_padded([p + a for p, a in zip(prompts, answers)], self.pad_id)
+        return self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=hidden_states, use_cache=False)
+
+    @staticmethod
+    def _target_states(out: object, i: int, prompt_len: int, answer_len: int) -> torch.Tensor:
+        """h_out at the positions predicting the answer: the state at prompt_len-1+t predicts answer token t."""
+        return out.last_hidden_state[i, prompt_len - 1:prompt_len - 1 + answer_len]
+
+    def answer_loss(self, prompts: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
+        """Mean over pairs of the answer tokens' mean cross-entropy, differentiable (for fine-tuning baselines)."""
+        p_ids, a_ids = [self.prompt_ids(p) for p in prompts], [self.answer_ids(a) for a in answers]
+        out = self._forward_pairs(p_ids, a_ids, hidden_states=False)
+        losses = [F.cross_entropy(self.head(self._target_states(out, i, len(p), len(a))), torch.tensor(a))
+                  for i, (p, a) in enumerate(zip(p_ids, a_ids))]
+        return torch.stack(losses).mean()
+
     def _teacher_forced_chunk(self, prompts: list[list[int]], answers: list[list[int]]
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        seqs = [p + a for p, a in zip(prompts, answers)]
-        ids, mask = _right_padded(seqs, self.pad_id)
-        out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+        out = self._forward_pairs(prompts, answers, hidden_states=True)
         key_states = out.hidden_states[self.key_layer]
         keys, corrections, losses = [], [], []
         for i, (p, a) in enumerate(zip(prompts, answers)):
             keys.append(normalize(key_states[i, :len(p)].mean(dim=0)))
-            # the state at position len(p)-1+t predicts answer token t
-            h_out = out.last_hidden_state[i, len(p) - 1:len(p) - 1 + len(a)]
-            log_p = F.log_softmax(self.head(h_out), dim=-1)
+            log_p = F.log_softmax(self.head(self._target_states(out, i, len(p), len(a))), dim=-1)
             target = torch.tensor(a)
             residual = -log_p.exp()  # e_y − p, summed over the target positions then averaged
             residual[torch.arange(len(a)), target] += 1.0
@@ -292,15 +315,19 @@ class CausalLM:
 
     # ---------------------------------------------------------------- generation (read side)
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[str], max_new_tokens: int,
-                 adapter: AdapterFactory | None = None) -> Generation:
-        """Greedy decoding of all prompts (micro-batched). With `adapter`, each step's logits come from
-        W·h̃ with h̃ = adapter(h, W·h); the KV cache only ever sees the base pass."""
+    def generate(self, prompts: Sequence[str], max_new_tokens: int, adapter: AdapterFactory | None = None,
+                 demonstrations: Sequence[Sequence[tuple[str, str]]] | None = None) -> Generation:
+        """Greedy decoding of all prompts (micro-batched), each optionally after its own demonstrations.
+        With `adapter`, each step's logits come from W·h̃ with h̃ = adapter(h, W·h); the KV cache only ever
+        sees the base pass."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if demonstrations is not None and len(demonstrations) != len(prompts):
+            raise ValueError(f"{len(demonstrations)} demonstration lists for {len(prompts)} prompts")
         texts, tokens, keys, cache = [], [], [], None
         for start in range(0, len(prompts), self.spec.micro_batch):
-            seqs = [self.prompt_ids(p) for p in prompts[start:start + self.spec.micro_batch]]
+            chunk = range(start, min(start + self.spec.micro_batch, len(prompts)))
+            seqs = [self.prompt_ids(prompts[i], demonstrations[i] if demonstrations else ()) for i in chunk]
             part = self.generate_ids(seqs, max_new_tokens, adapter)
             texts += part.texts
             tokens += part.tokens

@@ -4,6 +4,7 @@
     memcl report RUN_DIR
     memcl bench SUITE [--seeds 3] [--methods a,b,...] [--out DIR] [--set key=value ...]
     memcl bench throughput [--images 2560] [--image-size 64]
+    memcl lm [--config FILE] [--address auto] [--out DIR] [--seed N] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lm(args: argparse.Namespace) -> int:
+    from pipeline import lm_runner
+    from pipeline.config import load_config
+
+    metrics = lm_runner.run(load_config(args.config, _overrides(args), cls=lm_runner.LMRunConfig))
+    print(lm_runner.summary_table(metrics))
+    print(f"\nrun folder: {metrics['run_dir']}")
+    return 0
+
+
 def cmd_stress(args: argparse.Namespace) -> int:
     from pipeline.stress import stress
 
@@ -72,6 +83,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     metrics = json.loads((run_dir / "metrics.json").read_text())
+    if "runs" in metrics:  # a `memcl lm` folder: several runs side by side
+        from pipeline import lm_runner
+
+        lm_runner.render_lm(run_dir, metrics)
+        print(lm_runner.summary_table(metrics))
+        return 0
     report.render(run_dir, metrics)
     print(report.summary_table(metrics))
     return 0
@@ -119,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--seed", type=int)
     st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value")
     st.set_defaults(func=cmd_stress)
+
+    lm = sub.add_parser("lm", help="MIITA and baselines on a small-LM task stream (SmolLM2-135M without --config)")
+    lm.add_argument("--config", help="YAML file overriding the embedded default (pipeline/lm_runner.py LMRunConfig)")
+    lm.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
+    lm.add_argument("--out", help="parent folder of the run folder (default: runs)")
+    lm.add_argument("--seed", type=int)
+    lm.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override one config value, e.g. --set budgets=[8192] --set method.adapt.step=0.2")
+    lm.set_defaults(func=cmd_lm)
 
     rep = sub.add_parser("report", help="re-render the tables and plots of a run folder")
     rep.add_argument("run_dir")

@@ -22,16 +22,22 @@ def write_run(run_dir: Path, metrics: dict) -> None:
 
 def render(run_dir: Path, metrics: dict) -> None:
     """(Re)write the CSV and the plots from a metrics dict."""
+    write_matrix(run_dir, metrics)
+    _slots(metrics, run_dir / "slots.png")
+
+
+def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
+    """<prefix>acc_matrix.csv, <prefix>acc_matrix.png and <prefix>acc_over_time.png from the `acc_matrix`,
+    `visits`, `method`, `dataset` and `seed` entries of a metrics dict."""
     acc = np.array(metrics["acc_matrix"], dtype=float)
     tasks = acc.shape[1] if acc.ndim == 2 else 0
-    with open(run_dir / "acc_matrix.csv", "w", newline="") as f:
+    with open(run_dir / f"{prefix}acc_matrix.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["after_visit", "trained_task", *[f"task{j}" for j in range(tasks)]])
         for i, row in enumerate(acc):
             writer.writerow([i, metrics["visits"][i], *["" if np.isnan(v) else f"{v:.4f}" for v in row]])
-    _heatmap(acc, metrics, run_dir / "acc_matrix.png")
-    _over_time(acc, metrics, run_dir / "acc_over_time.png")
-    _slots(metrics, run_dir / "slots.png")
+    _heatmap(acc, metrics, run_dir / f"{prefix}acc_matrix.png")
+    _over_time(acc, metrics, run_dir / f"{prefix}acc_over_time.png")
 
 
 def _title(metrics: dict) -> str:

@@ -1,0 +1,75 @@
+"""LMEncoder actor: a frozen causal LM. It extracts MIITA's (key, correction) pairs from text-pair batches and
+generates answers, plain, with a direction memory's temporary update, or after replayed demonstrations.
+
+A role of its own rather than more methods on `Encoder`: it holds an LM and its tokenizer (not a feature
+encoder), returns two vectors per row, and generates; its weights never change (the LoRA baseline trains in
+`LMTrainer`, on its own copy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import ray
+import torch
+
+from actors.clock import StageClock
+from memcl_ops import schema as S
+from memcl_ops.causal_lm import LMSpec, load_lm
+from memcl_ops.lm_methods import with_predictions
+from memcl_ops.miita import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
+
+
+@ray.remote
+class LMEncoder:
+    def __init__(self, spec: LMSpec, threads: int):
+        self.reset(spec, threads)
+
+    def reset(self, spec: LMSpec, threads: int) -> None:
+        self.clock = StageClock()
+        torch.set_num_threads(threads)
+        if getattr(self, "spec", None) != spec:  # same frozen LM: keep the loaded weights
+            self.lm = load_lm(spec)
+            self.spec = spec
+
+    def info(self) -> dict:
+        lm = self.lm
+        return {"name": self.spec.name, "hidden": lm.hidden_size, "layers": lm.num_layers, "key_layer": lm.key_layer,
+                "vocab": lm.vocab_size, "tied_head": lm.weight is lm.model.get_input_embeddings().weight}
+
+    def extract(self, pairs: pa.RecordBatch) -> pa.RecordBatch:
+        """Teacher-forced (k_m, R_m, ‖R_m‖) per pair (METHODS.md 1.1 Eqs. 1-2), no autograd."""
+        with self.clock.time("extract"):
+            prompts, answers = S.text_pairs(pairs)
+            out = self.lm.teacher_forced(prompts, answers)
+            return S.direction_batch(S.sample_ids_to_numpy(pairs), out.keys.numpy(), out.corrections.numpy(),
+                                     out.corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID),
+                                     encoder=self.spec.name)
+
+    def query_keys(self, pairs: pa.RecordBatch) -> np.ndarray:
+        """k_q of each prompt alone (retrieval of replayed examples)."""
+        with self.clock.time("query_keys"):
+            prompts, _ = S.text_pairs(pairs)
+            return self.lm.query_keys(prompts).numpy()
+
+    def generate(self, pairs: pa.RecordBatch, max_new_tokens: int, prototypes: dict[str, np.ndarray] | None = None,
+                 memory: MemoryConfig | None = None, adapt: AdaptConfig | None = None,
+                 demonstrations: list[list[tuple[str, str]]] | None = None) -> pa.RecordBatch:
+        """The pairs with a `prediction` column: greedy answers of the frozen LM, adapted by `prototypes` (a
+        DirectionMemory state) when given, after per-row `demonstrations` when given."""
+        with self.clock.time("generate"):
+            prompts, _ = S.text_pairs(pairs)
+            adapter = None
+            if prototypes is not None:
+                adapter = Adaptation(DirectionMemory.from_state(prototypes, memory or MemoryConfig()), self.lm.weight,
+                                     adapt or AdaptConfig())
+            out = self.lm.generate(prompts, max_new_tokens, adapter, demonstrations)
+            return with_predictions(pairs, out.texts)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {}  # frozen: nothing to checkpoint
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        del state
+
+    def timings(self) -> dict:
+        return self.clock.report()

@@ -1,0 +1,71 @@
+"""LMTrainer actor: the sequential LoRA fine-tuning baseline on its own copy of the causal LM (the frozen
+`LMEncoder` never changes). Trains on text-pair batches task after task and generates with the adapter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import ray
+import torch
+
+from actors.clock import StageClock
+from memcl_ops import schema as S
+from memcl_ops.causal_lm import LMSpec, load_lm
+from memcl_ops.lm_methods import FinetuneConfig, finetune, with_predictions
+from memcl_ops.lora import LoRAAdapters
+
+
+@ray.remote
+class LMTrainer:
+    def __init__(self, spec: LMSpec, config: FinetuneConfig, seed: int, threads: int):
+        self.reset(spec, config, seed, threads)
+
+    def reset(self, spec: LMSpec, config: FinetuneConfig, seed: int, threads: int) -> None:
+        torch.set_num_threads(threads)
+        if getattr(self, "spec", None) != spec:
+            self.lm = load_lm(spec)
+            self.spec = spec
+        elif hasattr(self, "adapters"):
+            self.adapters.remove()
+        self.adapters = LoRAAdapters(self.lm.model, config.lora)
+        self.config, self.seed = config, seed
+        self.rounds = 0
+        self.losses: list[list[float]] = []
+        self.clock = StageClock()
+
+    def train(self, *batches: pa.RecordBatch) -> list[float]:
+        """LoRA epochs on the pairs of `batches` (one task's data); returns the loss per epoch."""
+        with self.clock.time("train"):
+            prompts, answers = [], []
+            for b in batches:
+                p, a = S.text_pairs(b)
+                prompts += p
+                answers += a
+            self.lm.model.train()
+            try:
+                history = finetune(self.lm, self.adapters, prompts, answers, self.config.optim,
+                                   seed=self.seed * 100_003 + self.rounds)
+            finally:
+                self.lm.model.eval()
+            self.rounds += 1
+            self.losses.append(history)
+            return history
+
+    def generate(self, pairs: pa.RecordBatch, max_new_tokens: int) -> pa.RecordBatch:
+        with self.clock.time("generate"):
+            prompts, _ = S.text_pairs(pairs)
+            return with_predictions(pairs, self.lm.generate(prompts, max_new_tokens).texts)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """The adapter is trained state, not memory of past data; reported for completeness."""
+        return {"adapter": int(sum(v.nbytes for v in self.adapters.factors().values()))}
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**{f"lora.{k}": v for k, v in self.adapters.factors().items()}, "rounds": np.array(self.rounds)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.adapters.load_factors({k[5:]: v for k, v in state.items() if k.startswith("lora.")})
+        self.rounds = int(state["rounds"])
+
+    def timings(self) -> dict:
+        return self.clock.report()

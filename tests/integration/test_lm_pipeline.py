@@ -1,0 +1,86 @@
+"""`memcl lm` through real Ray actors (LMEncoder, MemoryManager, LMTrainer) and Arrow text-pair batches, on a
+tiny random Llama (the SmolLM2 numbers come from the slow tier and benchmarks/miita_lm.py)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memcl_ops.causal_lm import LMSpec
+from memcl_ops.lm_methods import LMMethodConfig
+from memcl_ops.lm_tasks import LMStreamSpec
+from memcl_ops.miita import AdaptConfig
+from pipeline.lm_runner import LMRunConfig, LMRuntimeConfig, run, run_specs
+
+pytestmark = pytest.mark.ray
+
+ALWAYS_ON = {"entropy_threshold": -1.0, "relevance_threshold": -1.0}  # gate fully open: any step shows
+
+
+def config(step: float, methods=("base", "replay", "miita", "lora"), budgets=(512,)):
+    return LMRunConfig(
+        model=LMSpec(name="tiny:llama", threads=1), methods=methods, budgets=budgets,
+        stream=LMStreamSpec(tasks=("word-code", "made-up-base"), train_per_task=6, test_per_task=3),
+        method=LMMethodConfig(adapt=AdaptConfig(step=step, **ALWAYS_ON)),
+        runtime=LMRuntimeConfig(threads=1, batch_size=4, progress=False))
+
+
+@pytest.fixture(scope="module")
+def zero_step(actors, tmp_path_factory):
+    return run(config(0.0), run_dir=tmp_path_factory.mktemp("lm"), actors=actors)
+
+
+def predictions(metrics) -> dict[str, dict]:
+    rows = [json.loads(line) for line in Path(metrics["run_dir"], "predictions.jsonl").read_text().splitlines()]
+    out: dict[str, dict] = {}
+    for r in rows:
+        out.setdefault(r["run"], {})[(r["after_task"], r["sample_id"])] = r["prediction"]
+    return out
+
+
+def test_run_folder_holds_every_run_side_by_side(zero_step):
+    runs = zero_step["runs"]
+    assert list(runs) == ["base", "replay@512B", "miita@512B", "lora"]
+    for name, r in runs.items():
+        acc = np.array(r["acc_matrix"])
+        assert acc.shape == (2, 2) and np.isnan(acc[0, 1]) and not np.isnan(acc[np.tril_indices(2)]).any(), name
+        assert r["op"] == pytest.approx(acc[-1].mean()) and r["bwt"] == pytest.approx(acc[1, 0] - acc[0, 0])
+    folder = zero_step["run_dir"]
+    for name in ("results.csv", "op_bwt.png", "miita_512B_acc_matrix.png", "lora_acc_matrix.csv", "config.yaml"):
+        assert Path(folder, name).exists(), name
+
+
+def test_memory_methods_stay_within_their_budget_after_every_task(zero_step):
+    for name, r in zero_step["runs"].items():
+        if r["budget_bytes"] is None:
+            continue
+        used = [sum(entry["memory_bytes"].values()) for entry in r["log"]]
+        assert all(0 < u <= r["budget_bytes"] for u in used), (name, used)
+    miita = zero_step["runs"]["miita@512B"]["log"]
+    assert sum(entry["learned"]["new"] + entry["learned"]["merged"] for entry in miita) == 12  # every pair written
+    assert sum(entry["learned"]["repairs"] for entry in miita) > 0  # and the budget made repair work
+
+
+def test_zero_step_miita_answers_exactly_like_the_base_model(zero_step):
+    preds = predictions(zero_step)
+    assert preds["miita@512B"] == {k: v for k, v in preds["base"].items() if k in preds["miita@512B"]}
+    assert len(preds["miita@512B"]) == 3 + 6  # task 0 after task 0, tasks 0 and 1 after task 1
+
+
+def test_a_real_step_changes_the_answers(actors, tmp_path, zero_step):
+    strong = run(config(3.0, methods=("miita",)), run_dir=tmp_path, actors=actors)
+    assert predictions(strong)["miita@512B"] != predictions(zero_step)["miita@512B"]
+
+
+def test_lora_training_lowers_the_training_loss(zero_step):
+    for entry in zero_step["runs"]["lora"]["log"]:
+        losses = entry["learned"]["epoch_losses"]
+        assert len(losses) == 3 and losses[-1] < losses[0], losses
+
+
+def test_bad_run_configs_are_refused():
+    with pytest.raises(ValueError, match="unknown LM method 'rag'"):
+        run_specs(LMRunConfig(methods=("base", "rag")))
+    with pytest.raises(ValueError, match="positive byte budgets"):
+        run_specs(LMRunConfig(methods=("miita",), budgets=()))

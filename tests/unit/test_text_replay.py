@@ -1,0 +1,67 @@
+"""The byte-budgeted text replay buffer (the "-B" baseline of METHODS.md 1.2 c)."""
+
+import numpy as np
+import pytest
+import torch
+
+from memcl_ops.text_replay import ReplayConfig, TextReplayBuffer, text_bytes
+
+
+def examples(seed: int, tasks: int = 3, per_task: int = 40):
+    rng = np.random.default_rng(seed)
+    for t in range(tasks):
+        for i in range(per_task):
+            prompt = f"task {t} question {i} " + "x" * int(rng.integers(5, 60)) + " é"  # é: 2 UTF-8 bytes
+            yield prompt, f"answer {i}", t, torch.from_numpy(rng.normal(size=8)).float()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_budget_holds_after_every_add_and_tasks_stay_balanced(seed):
+    budget = 1500 + 300 * seed
+    buffer = TextReplayBuffer(8, ReplayConfig(budget_bytes=budget, seed=seed))
+    for prompt, answer, task, key in examples(seed):
+        buffer.add(prompt, answer, task, key)
+        assert buffer.nbytes() <= budget
+        assert buffer.nbytes() == sum(len(p.encode()) + len(a.encode()) for p, a in zip(buffer.prompts, buffer.answers))
+    per_task = [sum(text_bytes(p, a) for p, a, t in zip(buffer.prompts, buffer.answers, buffer.tasks) if t == k)
+                for k in range(3)]
+    largest = max(text_bytes(p, a) for p, a, _, _ in examples(seed))
+    assert max(per_task) - min(per_task) <= 2 * largest, per_task  # eviction takes from the fullest task
+    assert buffer.seen == 120 and buffer.evicted == 120 - len(buffer)
+
+
+def test_an_example_larger_than_the_budget_is_not_stored():
+    buffer = TextReplayBuffer(2, ReplayConfig(budget_bytes=10))
+    buffer.add("a long prompt", "yes", 0, torch.ones(2))
+    assert len(buffer) == 0 and buffer.too_large == 1
+
+
+def test_nearest_returns_the_most_similar_examples_nearest_last():
+    buffer = TextReplayBuffer(2, ReplayConfig(budget_bytes=1000, demonstrations=2))
+    for name, angle in (("a", 0.0), ("b", 0.5), ("c", 1.5), ("d", 3.0)):
+        buffer.add(name, name.upper(), 0, torch.tensor([np.cos(angle), np.sin(angle)]))
+    picked = buffer.nearest(torch.tensor([[1.0, 0.1], [-1.0, 0.0]]))
+    assert picked == [[("b", "B"), ("a", "A")], [("c", "C"), ("d", "D")]]
+    assert TextReplayBuffer(2).nearest(torch.ones(3, 2)) == [[], [], []]
+
+
+def test_state_round_trip_continues_identically():
+    config = ReplayConfig(budget_bytes=1200, seed=4)
+    a = TextReplayBuffer(8, config)
+    stream = list(examples(1))
+    for item in stream[:60]:
+        a.add(*item)
+    b = TextReplayBuffer(8, config)
+    b.restore(a.state())
+    for item in stream[60:]:
+        a.add(*item)
+        b.add(*item)
+    assert (a.prompts, a.tasks, a.evicted) == (b.prompts, b.tasks, b.evicted)
+    assert torch.equal(a.keys, b.keys)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="must be positive"):
+        ReplayConfig(budget_bytes=0)
+    with pytest.raises(ValueError, match="key has 3 values"):
+        TextReplayBuffer(2).add("p", "a", 0, torch.ones(3))
