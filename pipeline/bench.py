@@ -24,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from memcl_ops.methods import METHODS, head_learner_methods, method_spec
 from pipeline import runner
@@ -65,6 +66,17 @@ class RunRow:
                     for row in np.array(metrics["acc_matrix"], dtype=float)],
                    sum(wall.get(k, 0.0) for k in TRAIN_PHASES), int(sum(metrics["memory_bytes"].values())),
                    metrics["run_dir"])
+
+
+def read_runs(folder: Path) -> list[RunRow]:
+    """The rows a bench wrote to `<folder>/runs.csv` (to re-render its tables and plot without re-running)."""
+    path = Path(folder) / "runs.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no bench results to render (run `memcl bench` first)")
+    with open(path, newline="") as f:
+        return [RunRow(r["method"], int(r["seed"]), {m: float(r[m]) for m in METRICS},
+                       [float(v) for v in r["curve"].split()], float(r["train_seconds"]), int(r["memory_bytes"]),
+                       r["run_dir"]) for r in csv.DictReader(f)]
 
 
 def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: str | Path = "runs/bench",
@@ -185,12 +197,14 @@ _STYLE = {"memcl": "-", "ablation": "--", "baseline": ":", "upper-bound": "-."}
 
 def plot_curves(chosen: Suite, table: dict[str, dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for method, row in table.items():
+    for i, (method, row) in enumerate(table.items()):
         x = np.arange(1, len(row["curve"]) + 1)
-        line, = ax.plot(x, row["curve"], _STYLE.get(METHODS[method].role, "-"), marker="o", ms=3,
-                        lw=2.2 if method == "mars" else 1.3, label=method)
+        colour = plt.cm.tab20(i % 20)  # more methods than the default cycle's 10 colours
+        ax.plot(x, row["curve"], _STYLE.get(METHODS[method].role, "-"), marker="o", ms=3, color=colour,
+                lw=2.2 if method == "mars" else 1.3, label=method)
         ax.fill_between(x, row["curve"] - row["curve_std"], row["curve"] + row["curve_std"], alpha=0.12,
-                        color=line.get_color(), lw=0)
+                        color=colour, lw=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("tasks learned")
     ax.set_ylabel("mean accuracy on tasks seen")
     ax.set_ylim(0, 1.02)

@@ -105,12 +105,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     from pipeline import bench
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
-    rows = bench.bench(args.suite, seeds=args.seeds, methods=methods, out=args.bench_out,
-                       overrides=_overrides(args), progress=args.progress)
     folder = Path(args.bench_out) / args.suite
+    if args.render:
+        rows = bench.read_runs(folder)
+        bench.write_results(folder, bench.suite(args.suite), rows, max(r.seed for r in rows) + 1)
+    else:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+        rows = bench.bench(args.suite, seeds=args.seeds, methods=methods, out=args.bench_out,
+                           overrides=_overrides(args), progress=args.progress)
     print()
-    print(bench.markdown(bench.suite(args.suite), bench.aggregate(rows), args.seeds))
+    print(bench.markdown(bench.suite(args.suite), bench.aggregate(rows), max(r.seed for r in rows) + 1))
     print(f"tables, curves and runs: {folder}")
     return 0
 
@@ -162,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--out", dest="bench_out", default="runs/bench", help="parent folder of <suite>/ results")
     ben.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
     ben.add_argument("--progress", action="store_true", help="show each run's progress bars")
+    ben.add_argument("--render", action="store_true", help="re-write the tables and plot from <out>/<suite>/runs.csv")
     ben.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value of the suite")
     ben.set_defaults(func=cmd_bench)
     return parser

@@ -80,3 +80,8 @@ def test_bench_runs_each_method_and_seed_once_and_tables_agree_with_the_runs(act
     md = (folder / "results.md").read_text()
     assert "| joint | upper-bound |" in md and "best memcl method" not in md  # no memcl method was run
     assert (folder / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # `memcl bench --render` reads the runs back as they were
+    for back, run in zip(bench.read_runs(folder), rows, strict=True):
+        assert (back.method, back.seed, back.memory_bytes) == (run.method, run.seed, run.memory_bytes)
+        assert back.summary == pytest.approx(run.summary, abs=1e-6)
+        np.testing.assert_allclose(back.curve, run.curve, atol=1e-4)
