@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import ray
 import torch
 
+from actors.batches import labelled_block
 from actors.clock import StageClock
 from memcl_ops import schema as S
+from memcl_ops.analytic import AnalyticConfig, AnalyticHead
 from memcl_ops.encoders import EncoderSpec, build_encoder, encode_checked
 from memcl_ops.gate import empty_dead_letters, gate
 
@@ -22,6 +25,7 @@ class Encoder:
 
     def reset(self, spec: EncoderSpec, payload: str, threads: int) -> None:
         self.clock = StageClock()
+        self.partial: AnalyticHead | None = None  # this replica's share of an analytic head's statistics
         if getattr(self, "args", None) == (spec, payload, threads):
             return  # same frozen encoder: keep the loaded weights
         torch.set_num_threads(threads)
@@ -33,12 +37,33 @@ class Encoder:
                 "device": str(getattr(self.encoder, "device", "cpu")), "node": ray.get_runtime_context().get_node_id()}
 
     @ray.method(num_returns=2)
-    def encode(self, batch: pa.RecordBatch | None) -> tuple[pa.RecordBatch | None, pa.Table]:
-        """(feature batch, dead letters): rows whose features come out non-finite are refused here."""
+    def encode(self, batch: pa.RecordBatch | None, accumulate: bool = False) -> tuple[pa.RecordBatch | None, pa.Table]:
+        """(feature batch, dead letters): rows whose features come out non-finite are refused here.
+        `accumulate`: also fold the labelled rows that pass into this replica's partial statistics (a training batch
+        of an analytic head; `use_statistics` first)."""
         with self.clock.time("encode"):
             if batch is None:  # every row was refused upstream
                 return None, empty_dead_letters()
-            return gate(encode_checked(self.encoder, batch), S.Contract(feature_dim=self.encoder.dim))
+            features, letters = gate(encode_checked(self.encoder, batch), S.Contract(feature_dim=self.encoder.dim))
+        if accumulate:
+            if self.partial is None:
+                raise RuntimeError("encode(accumulate=True) before use_statistics: no analytic head to sum into")
+            with self.clock.time("accumulate"):
+                x, y, _ = labelled_block((features,))
+                if len(y):
+                    self.partial.update(x, y)
+        return features, letters
+
+    def use_statistics(self, config: AnalyticConfig, seed: int) -> None:
+        """Sum an analytic head's statistics (its feature map: `config`, `seed`) of the batches encoded with
+        `accumulate`, starting from zero."""
+        self.partial = AnalyticHead(self.encoder.dim, config, seed)
+
+    def take_statistics(self) -> dict[str, np.ndarray]:
+        """The partial statistics summed since the last take (then zero again), for the MemoryManager to merge."""
+        if self.partial is None:
+            raise RuntimeError("take_statistics before use_statistics")
+        return self.partial.take_statistics().state()
 
     def timings(self) -> dict:
         return self.clock.report()

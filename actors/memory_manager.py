@@ -12,6 +12,7 @@ import torch
 
 from actors.clock import StageClock
 from memcl_ops import schema as S
+from memcl_ops.analytic import RidgeStatistics
 from memcl_ops.lm_methods import add_examples, write_directions
 from memcl_ops.miita import DirectionMemory, MemoryConfig
 from memcl_ops.nsr import ArrivalPlan, Snapshot, plan_arrival
@@ -32,6 +33,7 @@ class MemoryManager:
         torch.set_num_threads(threads)
         self.router = SlotRouter(feature_dim, router, seed=seed)
         self.bank = TaskKnowledgeBank(bank or BankConfig())  # NSR's LoRA bank (empty for other methods)
+        self.statistics: RidgeStatistics | None = None  # an analytic head's sums, merged from the encoder replicas
         self.prototypes: DirectionMemory | None = None  # MIITA's direction memory (LM runs)
         self.replay: TextReplayBuffer | None = None  # the text-replay baseline's stored examples (LM runs)
         self.max_slots = max_slots
@@ -117,12 +119,24 @@ class MemoryManager:
         with self.clock.time("replay"):
             return self.replay.nearest(torch.from_numpy(np.array(query_keys)))
 
+    def merge_statistics(self, *partials: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Add the encoder replicas' partial analytic statistics (exact integer sums: the order does not matter)
+        to the total; returns the total's state, from which the head learner solves."""
+        with self.clock.time("statistics"):
+            for part in partials:
+                if self.statistics is None:
+                    self.statistics = RidgeStatistics.from_state(part)
+                else:
+                    self.statistics.merge(RidgeStatistics.from_state(part))
+            return self.statistics.state()
+
     def memory_report(self) -> dict[str, int]:
         # A router without slots (NSR runs keep the bank only) holds no memory worth reporting.
         slots = self.router.nbytes() if self.router.num_slots else 0
         return {"slots": slots, "num_slots": self.router.num_slots,
                 "prototypes": self.prototypes.nbytes() if self.prototypes is not None else 0,
-                "replay_text": self.replay.nbytes() if self.replay is not None else 0, "bank": self.bank.nbytes()}
+                "replay_text": self.replay.nbytes() if self.replay is not None else 0, "bank": self.bank.nbytes(),
+                "analytic_statistics": self.statistics.nbytes() if self.statistics is not None else 0}
 
     def history(self) -> dict:
         return {"slot_history": [list(p) for p in self.slot_history], "expansions": self.expansions,
@@ -134,7 +148,7 @@ class MemoryManager:
         out["expansions"] = np.array(json.dumps(self.expansions))
         out["counters"] = np.array([self.routed, self.refused_expansions], dtype=np.int64)
         out.update({f"bank.{k}": v for k, v in self.bank.state().items()})
-        for name, memory in (("prototypes", self.prototypes), ("replay", self.replay)):
+        for name, memory in (("prototypes", self.prototypes), ("replay", self.replay), ("statistics", self.statistics)):
             if memory is not None:
                 out.update({f"{name}.{k}": v for k, v in memory.state().items()})
         return out
@@ -151,6 +165,8 @@ class MemoryManager:
             part = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(f"{name}.")}
             if memory is not None and part:  # configured (use_*) before restoring, like the router
                 memory.restore(part)
+        statistics = {k[11:]: v for k, v in state.items() if k.startswith("statistics.")}
+        self.statistics = RidgeStatistics.from_state(statistics) if statistics else None
 
     def timings(self) -> dict:
         return self.clock.report()

@@ -3,6 +3,9 @@ snapshot, and evaluation through the frozen memory it was trained with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 import pyarrow as pa
 import ray
@@ -39,11 +42,21 @@ class Stage2Trainer:
         self.memory.requires_grad_(False)
 
     def train(self, memory_state: dict[str, np.ndarray] | None, *batches: pa.RecordBatch) -> dict[str, float]:
+        return self._train(memory_state, batches, self.learner.fit)
+
+    def train_merged(self, statistics: dict[str, np.ndarray], memory_state: dict[str, np.ndarray] | None,
+                     *batches: pa.RecordBatch) -> dict[str, float]:
+        """`train` for an analytic head whose statistics (these batches included) the encoder replicas summed and
+        the MemoryManager merged: the learner re-solves from them instead of summing the block itself."""
+        return self._train(memory_state, batches, partial(self.learner.fit_merged, statistics))
+
+    def _train(self, memory_state: dict[str, np.ndarray] | None, batches: tuple[pa.RecordBatch, ...],
+               fit: Callable[..., dict[str, float]]) -> dict[str, float]:
         with self.clock.time("stage2"):
             self._set_memory(memory_state)
             x, y, ids = labelled_block(batches)
             self.learned.append(ids)
-            return self.learner.fit(x, y, self.memory) if len(y) else {}
+            return fit(x, y, self.memory) if len(y) else {}
 
     def end_task(self) -> None:
         self.learner.end_task(self.memory)

@@ -67,6 +67,9 @@ class AnalyticConfig:
     holdout_fraction: float = 0.2  # share of the current task held out when lambda_selection = "holdout" [R]
     drift: Literal["stale", "reproject", "frozen"] = "frozen"  # mars-analytic: see the module docstring [R]
     reproject_ridge: float = 100.0  # η of the reprojection's ridge towards the identity [R]
+    # where the statistics of features encoded in-line (no feature cache) are summed: in the encoder replicas, each
+    # over the batches it encodes, merged by the MemoryManager ("encoders"), or by the head learner ("learner")
+    accumulate_in: Literal["encoders", "learner"] = "encoders"
 
     def __post_init__(self) -> None:
         if self.expansion_dim < 0:
@@ -198,28 +201,37 @@ class RidgeStatistics:
         self.count += other.count
 
     def copy(self) -> RidgeStatistics:
-        out = RidgeStatistics(self.dim)
-        out.restore(self.state())
+        return RidgeStatistics.from_state(self.state())
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> RidgeStatistics:
+        out = cls(np.asarray(state["targets"]).shape[0])
+        out.restore(state)
         return out
 
     def state(self) -> dict[str, np.ndarray]:
-        """The upper triangle of the symmetric G only (half the bytes), C, the classes and the count."""
-        return {"gram_upper": self.gram[np.triu(np.ones((self.dim, self.dim), bool))],
-                "targets": self.targets.copy(), "classes": self.classes.copy(), "count": np.array(self.count)}
+        """The upper triangle of the symmetric G only (half the bytes; none while nothing is summed), C, the classes
+        and the count."""
+        upper = self.gram[np.triu(np.ones((self.dim, self.dim), bool))] if self.count else np.zeros(0, np.int64)
+        return {"gram_upper": upper, "targets": self.targets.copy(), "classes": self.classes.copy(),
+                "count": np.array(self.count)}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         upper = np.triu(np.ones((self.dim, self.dim), bool))
-        if np.asarray(state["gram_upper"]).shape != (int(upper.sum()),):
+        packed = np.asarray(state["gram_upper"])
+        if packed.shape not in ((0,), (int(upper.sum()),)):
             raise ValueError(f"statistics state does not fit dim {self.dim}")
         gram = np.zeros((self.dim, self.dim), np.int64)
-        gram[upper] = state["gram_upper"]
+        if packed.size:
+            gram[upper] = packed
         self.gram = gram + np.triu(gram, 1).T
         self.targets = np.array(state["targets"], np.int64)
         self.classes = np.array(state["classes"], np.int64)
         self.count = int(state["count"])
 
     def nbytes(self) -> int:
-        return self.dim * (self.dim + 1) // 2 * 8 + self.targets.nbytes + self.classes.nbytes
+        gram = self.dim * (self.dim + 1) // 2 * 8 if self.count else 0
+        return gram + self.targets.nbytes + self.classes.nbytes
 
 
 def _cholesky(gram: torch.Tensor, lam: float) -> torch.Tensor:
@@ -243,6 +255,11 @@ class AnalyticHead:
 
     def update(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
         self.stats.add(self.feature_map(features), np.asarray(labels))
+
+    def take_statistics(self) -> RidgeStatistics:
+        """The statistics summed so far, leaving this head's sums at zero (a replica hands on its partial sums)."""
+        taken, self.stats = self.stats, RidgeStatistics(self.stats.dim)
+        return taken
 
     def merge(self, other: AnalyticHead) -> None:
         mine, theirs = self.feature_map, other.feature_map
@@ -359,10 +376,28 @@ class AnalyticLearner:
             self.previous_memory = memory.state()
         x = self._train_inputs(features, memory)
         self.head.update(x, labels)
+        return self._resolve(x, labels)
+
+    def _resolve(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """λ chosen on the block, W re-solved on everything summed."""
         lam, errors = self.head.select_lambda(x, labels, seed=self.fits)
         self.head.solve(lam)
         self.fits += 1
         return {"lambda": lam, "selection_error": errors[lam]}
+
+    @torch.no_grad()
+    def fit_merged(self, statistics: dict[str, np.ndarray], features: torch.Tensor, labels: torch.Tensor,
+                   memory: SlotRouter | None) -> dict[str, float]:
+        """`fit` when the encoder replicas summed the statistics (this block included) and the MemoryManager merged
+        them: take the total, choose λ on the block and re-solve. The total stays with the MemoryManager, which
+        owns it; this learner keeps W only."""
+        if memory is not None:
+            raise ValueError("the encoders sum statistics of the frozen features; a head on a memory's h̃ cannot use "
+                             "them")
+        self.head.stats = RidgeStatistics.from_state(statistics)
+        out = self._resolve(features, labels)
+        self.head.take_statistics()
+        return out
 
     def _reproject(self, features: torch.Tensor, memory: SlotRouter) -> None:
         """Carry the statistics from h̃ under the previous memory to h̃ under `memory` by a linear map T in φ

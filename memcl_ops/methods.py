@@ -148,6 +148,9 @@ class MethodSpec:
     # "features": the runner's loop over frozen (cached) features and a HeadLearner; "adapter": LoRA trained inside
     # the encoder on raw batches (NSR, pipeline/adapter_runner.py; `head` is then unused)
     loop: str = "features"
+    # the head is a sum of statistics of the frozen features (memcl_ops/analytic.py): encoder replicas can sum their
+    # own batches' share and the MemoryManager merge them (when features are encoded in-line)
+    mergeable: bool = False
 
     def resolve(self, config: MethodConfig) -> MethodConfig:
         """`config` with this method's defining settings applied (they win over user values)."""
@@ -183,9 +186,9 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     # Closed-form ridge heads from exact running statistics (memcl_ops/analytic.py): equal to joint ridge on all data
     # seen after every task, no samples kept.
     MethodSpec("analytic", "analytic ridge head on the frozen features (exact running statistics, λ by LOO)",
-               "analytic", fixed={"analytic": {"expansion_dim": 0}}),
+               "analytic", fixed={"analytic": {"expansion_dim": 0}}, mergeable=True),
     MethodSpec("analytic-rp", "analytic ridge head on a fixed random ReLU expansion of the features (RanPAC-style)",
-               "analytic"),
+               "analytic", mergeable=True),
     MethodSpec("mars-analytic", "MARS memory (SGSE + DCDA stage 1) with the analytic ridge head on h̃", "analytic",
                memory=True, sgse=True, stage1=True, fixed={"analytic": {"expansion_dim": 0}}),
     # NSR (memcl_ops/nsr.py): its memoryless baselines are the same method with nsr.allocation fresh / keep.

@@ -39,6 +39,7 @@ from actors.stream_source import StreamSource
 from memcl_ops import schema as S
 from memcl_ops.feature_cache import FeatureCache
 from memcl_ops.methods import MethodSpec, method_spec
+from memcl_ops.router import RouterConfig
 from memcl_ops.sources import StreamInfo
 from pipeline import checkpoint, report
 from pipeline.actor_cache import ActorCache, is_fault
@@ -105,8 +106,12 @@ class Pipeline:
         # Learner actors do little work per call (the encoders hold the CPUs); Ray restarts them after a crash.
         light = {"num_cpus": 0, "max_restarts": config.runtime.max_restarts}
         self.roles = ["source"]
-        if spec.memory:
-            actors.get("memory", MemoryManager, light, dim, method.router, method.sgse.max_slots, seed, threads)
+        # An analytic head over features encoded in-line: each encoder replica sums the statistics of the batches it
+        # encodes and the MemoryManager merges them (a memory-free method gets one without slots for that).
+        self.merges = spec.mergeable and inline and method.analytic.accumulate_in == "encoders"
+        if spec.memory or self.merges:
+            router = method.router if spec.memory else RouterConfig(initial_slots=0)
+            actors.get("memory", MemoryManager, light, dim, router, method.sgse.max_slots, seed, threads)
             self.roles.append("memory")
         if spec.sgse:
             actors.get("monitor", NoveltyMonitor, light, method.sgse)
@@ -116,6 +121,11 @@ class Pipeline:
             self.roles.append("stage1")
         actors.get("stage2", Stage2Trainer, light, method, dim, seed, threads)
         self.roles.append("stage2")
+        self._use_statistics()
+
+    def _use_statistics(self) -> None:
+        if self.merges:
+            ray.get([r.use_statistics.remote(self.method.analytic, self.config.seed) for r in self.encoders.replicas])
 
     def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
         # pipe.memory, pipe.stage2, ...: the current handle of a role (it changes when a role is revived)
@@ -123,10 +133,11 @@ class Pipeline:
             return self.actors.handle(role) if role in self.roles else None
         raise AttributeError(role)
 
-    def _features(self, batch_ref: ray.ObjectRef, letters: list[ray.ObjectRef]) -> ray.ObjectRef:
+    def _features(self, batch_ref: ray.ObjectRef, letters: list[ray.ObjectRef], accumulate: bool = False
+                  ) -> ray.ObjectRef:
         if not self.inline:
             return batch_ref
-        features, more = self.encoders.encode(batch_ref)
+        features, more = self.encoders.encode(batch_ref, accumulate)
         letters.append(more)
         return features
 
@@ -134,9 +145,9 @@ class Pipeline:
         """Submit one training batch through the chain."""
         batch, letters = self.source.train_batch.remote(visit, index)
         letters = [letters]
-        feats = self._features(batch, letters)
+        feats = self._features(batch, letters, accumulate=self.merges)
         tail = feats
-        if self.memory is not None:
+        if self.spec.memory:
             tail = routed = self.memory.route.remote(feats)
             if self.monitor is not None:
                 tail = self.memory.expand.remote(self.monitor.observe.remote(routed))
@@ -150,8 +161,12 @@ class Pipeline:
             trained = self.stage1.train.remote(self.memory.memory_state.remote(), *block)
             ray.get(self.memory.load_memory.remote(trained))
         t1 = time.perf_counter()
-        memory = self.memory.memory_state.remote() if self.memory is not None else None
-        out["stage2"] = ray.get(self.stage2.train.remote(memory, *block))
+        memory = self.memory.memory_state.remote() if self.spec.memory else None
+        if self.merges:
+            merged = self.memory.merge_statistics.remote(*self.encoders.take_statistics())
+            out["stage2"] = ray.get(self.stage2.train_merged.remote(merged, memory, *block))
+        else:
+            out["stage2"] = ray.get(self.stage2.train.remote(memory, *block))
         ray.get(self.stage2.end_task.remote())
         out["seconds"] = {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
         return out
@@ -184,6 +199,7 @@ class Pipeline:
             self.actors.revive(role)
         if self.encoders is not None:
             self.encoders.revive()
+        self._use_statistics()
         for split, (rows, feats) in features.items():
             ray.get(self.source.set_features.remote(split, rows, feats))
         self.restore(parts)
@@ -429,7 +445,7 @@ def collect_metrics(config: RunConfig, pipe: Pipeline, info: StreamInfo, state: 
     complete = square.size and not np.isnan(square[np.tril_indices(len(square))]).any()
     summary = M.Summary.of(square) if complete else None
     learned = ray.get(pipe.stage2.learned_ids.remote())
-    history = ray.get(pipe.memory.history.remote()) if pipe.memory is not None else {}
+    history = ray.get(pipe.memory.history.remote()) if pipe.spec.memory else {}
     monitor = ray.get(pipe.monitor.counters.remote()) if pipe.monitor is not None else {}
     memory = ray.get(pipe.memory.memory_report.remote()) if pipe.memory is not None else {}
     head_bytes = ray.get(pipe.stage2.memory_bytes.remote())
