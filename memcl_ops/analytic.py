@@ -52,7 +52,9 @@ INT64_HEADROOM = 2.0**62  # int64 sums are refused before any entry could reach 
 
 @dataclass(frozen=True)
 class AnalyticConfig:
-    expansion_dim: int = 4096  # M of φ(h) = ReLU(Rᵀh) [R] (RanPAC uses 10^4); 0: φ(h) = h (`analytic` fixes 0)
+    # M of φ(h) = ReLU(Rᵀh) [R]: RanPAC uses 10^4; each fit costs ~8 Cholesky factorisations of an (M+1)² matrix, and
+    # 2048 keeps that to seconds on 2 CPU cores (4096 measured +0.7 points on Fashion-MNIST). 0: φ(h) = h (`analytic`)
+    expansion_dim: int = 2048
     bias: bool = True  # append a constant 1 to φ, penalised like every weight [R]
     fraction_bits: int = 16  # s: φ stored in exact multiples of 2^-s [R]
     projection_bits: int = 8  # r: entries of R in multiples of 2^-r of their scale [R]
