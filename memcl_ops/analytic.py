@@ -19,7 +19,7 @@ rounded to integer multiples of 2^-s (`fraction_bits`), every product φ_i φ_j 
 The random expansion is exact as well: h is rounded to multiples of 2^-s and R to multiples of 2^-r of
 its scale, so Rᵀh is an exact integer product and φ of a sample has the same bits whichever batch (or
 replica) it is computed in. With s = 16 the rounding error (≤ 2^-17 per coordinate) is far below any
-useful λ; the int64 sums hold ~2^63 / (2^32 · max φ²) samples (about 10^8 for φ of order 1).
+useful λ; the int64 sums hold about 2^62 / (2^2s · mean φ²) samples (10^9 for s = 16 and φ of order 1).
 
 λ is chosen per task from `lambda_grid` by closed-form leave-one-out (default) or a held-out split, on
 (a seeded subsample of) the current task only; see `AnalyticHead.select_lambda`.
@@ -109,6 +109,12 @@ class FeatureMap:
     @property
     def dim(self) -> int:
         return (self.config.expansion_dim or self.input_dim) + int(self.config.bias)
+
+    @property
+    def key(self) -> tuple:
+        """What fixes φ: statistics summed under equal keys describe the same features and can be added."""
+        c = self.config
+        return self.input_dim, c.expansion_dim, c.bias, c.fraction_bits, c.projection_bits, self.seed
 
     def __call__(self, h: np.ndarray | torch.Tensor) -> np.ndarray:
         h = np.asarray(h.detach() if isinstance(h, torch.Tensor) else h, dtype=np.float64)
@@ -264,9 +270,9 @@ class AnalyticHead:
         return taken
 
     def merge(self, other: AnalyticHead) -> None:
-        mine, theirs = self.feature_map, other.feature_map
-        if (mine.input_dim, mine.config, mine.seed) != (theirs.input_dim, theirs.config, theirs.seed):
-            raise ValueError("only heads with the same feature map (input dim, analytic config, seed) can merge")
+        if self.feature_map.key != other.feature_map.key:
+            raise ValueError(f"only heads with the same feature map can merge: (input dim, expansion_dim, bias, "
+                             f"fraction_bits, projection_bits, seed) {self.feature_map.key} != {other.feature_map.key}")
         self.stats.merge(other.stats)
 
     def _float_stats(self, stats: RidgeStatistics) -> tuple[torch.Tensor, torch.Tensor]:
