@@ -8,8 +8,9 @@ later is covered without touching this file. (Methods that train inside the enco
 
 from __future__ import annotations
 
+import functools
 import io
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -109,13 +110,35 @@ def assert_same_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> Non
         np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
 
 
-def learn_in_step(a: LocalMethod, b: LocalMethod, tasks: range) -> None:
-    """Both learn the same tasks: their predictions must agree after each one, and their states at the end."""
-    for t in tasks:
-        a.learn_task(t)
-        b.learn_task(t)
-        np.testing.assert_array_equal(a.predict(), b.predict(), err_msg=f"after task {t}")
-    assert_same_state(a.state(), b.state())
+@dataclass
+class Record:
+    """What an uninterrupted run of a method left after each task."""
+
+    predictions: list[np.ndarray] = field(default_factory=list)  # on TEST_X
+    states: list[dict[str, np.ndarray]] = field(default_factory=list)  # every role, as a checkpoint stores it
+    reported: list[dict[str, int]] = field(default_factory=list)  # head.memory_bytes()
+    kept: list[int] = field(default_factory=list)  # bytes of the non-scalar arrays of the head's state
+
+
+@functools.cache
+def reference(name: str) -> Record:
+    """One uninterrupted run per method, shared by the checks below (each would otherwise repeat it)."""
+    method, record = LocalMethod(name), Record()
+    for t in range(TASKS):
+        method.learn_task(t)
+        record.predictions.append(method.predict())
+        record.states.append(through_npz(method.state()))
+        record.reported.append(method.head.memory_bytes())
+        record.kept.append(sum(np.asarray(v).nbytes for v in method.head.state().values() if np.ndim(v) > 0))
+    return record
+
+
+def continue_and_compare(method: LocalMethod, record: Record, first: int) -> None:
+    """Learn tasks `first`.. and match the reference's predictions after each, and its state at the end."""
+    for t in range(first, TASKS):
+        method.learn_task(t)
+        np.testing.assert_array_equal(method.predict(), record.predictions[t], err_msg=f"after task {t}")
+    assert_same_state(through_npz(method.state()), record.states[-1])
 
 
 ALL = pytest.mark.parametrize("name", head_learner_methods())
@@ -123,18 +146,16 @@ ALL = pytest.mark.parametrize("name", head_learner_methods())
 
 @ALL
 def test_restored_learner_continues_exactly_like_the_uninterrupted_one(name):
-    uninterrupted = LocalMethod(name)
-    for t in range(2):
-        uninterrupted.learn_task(t)
+    record = reference(name)
     restored = LocalMethod(name)
-    restored.restore(through_npz(uninterrupted.state()))
-    np.testing.assert_array_equal(restored.predict(), uninterrupted.predict())
-    learn_in_step(restored, uninterrupted, range(2, TASKS))
+    restored.restore(record.states[1])
+    np.testing.assert_array_equal(restored.predict(), record.predictions[1])
+    continue_and_compare(restored, record, first=2)
 
 
 @ALL
 def test_two_runs_with_one_seed_are_identical(name):
-    learn_in_step(LocalMethod(name, seed=3), LocalMethod(name, seed=3), range(TASKS))
+    continue_and_compare(LocalMethod(name), reference(name), first=0)
 
 
 @ALL
@@ -142,15 +163,13 @@ def test_predictions_name_only_classes_already_streamed(name):
     """Asked about test inputs of every class, including the classes of tasks to come, the learner may only
     answer with labels it has been given: a head pre-sized for the whole label set, or one fed labels ahead
     of the stream, would name a future class for those inputs."""
-    method = LocalMethod(name)
     seen: set[int] = set()
-    for t in range(TASKS):
-        method.learn_task(t)
+    for t, predictions in enumerate(reference(name).predictions):
         seen |= set(PLAN.classes[t])
-        predicted = set(np.unique(method.predict()).tolist())
+        predicted = set(np.unique(predictions).tolist())
         assert predicted <= seen, f"after task {t} it predicts {sorted(predicted - seen)}, not streamed yet"
         on_seen = np.isin(DATA.test_y, sorted(seen))
-        accuracy = float((method.predict()[on_seen] == DATA.test_y[on_seen]).mean())
+        accuracy = float((predictions[on_seen] == DATA.test_y[on_seen]).mean())
         assert accuracy > 1.5 / len(seen), f"after task {t}: accuracy {accuracy:.2f} on seen classes is near chance"
 
 
@@ -158,12 +177,8 @@ def test_predictions_name_only_classes_already_streamed(name):
 def test_persistent_memory_bytes_are_every_array_it_keeps(name):
     """`memory_bytes` must account for everything the learner persists: the byte size of the non-scalar
     arrays of its state (scalars are bookkeeping such as fit counters)."""
-    method = LocalMethod(name)
-    for t in range(TASKS):
-        method.learn_task(t)
-        reported = method.head.memory_bytes()
+    record = reference(name)
+    for t, (reported, kept) in enumerate(zip(record.reported, record.kept, strict=True)):
         assert all(isinstance(v, int) and v >= 0 for v in reported.values()), reported
-        kept = sum(np.asarray(v).nbytes for v in method.head.state().values() if np.ndim(v) > 0)
         assert sum(reported.values()) == kept, f"after task {t}: reported {reported}, state holds {kept} bytes"
         assert kept > 0
-
