@@ -43,9 +43,12 @@ class MemoryManager:
         self.refused_expansions = 0
         self.clock = StageClock()
 
-    def route(self, batch: pa.RecordBatch | None) -> pa.RecordBatch | None:
+    def route(self, batch: pa.RecordBatch | None, expansions: list[Expansion] | None = None) -> pa.RecordBatch | None:
         """Confidence and query per sample (for SGSE); also folds the batch into the anchor statistics.
-        None (every row refused at the gate) passes through."""
+        `expansions` (the monitor's verdict on the previous batch) are applied first, which saves the stream a
+        separate call per batch. None (every row refused at the gate) passes through."""
+        if expansions:
+            self.expand(expansions)
         if batch is None:
             return None
         with self.clock.time("route"), torch.no_grad():

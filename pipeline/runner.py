@@ -101,6 +101,7 @@ class Pipeline:
                  encoders: EncoderPool | None, inline: bool):
         self.config, self.spec, self.info, self.actors = config, spec, info, actors
         self.encoders, self.inline = encoders, inline  # inline: no feature cache, encode on the fly
+        self.expansions: ray.ObjectRef | None = None  # the monitor's verdict on the last batch, not yet applied
         self.method = method = spec.resolve(config.method)
         seed, threads, dim = config.seed, config.runtime.actor_threads, info.feature_dim
         # Learner actors do little work per call (the encoders hold the CPUs); Ray restarts them after a crash.
@@ -148,15 +149,22 @@ class Pipeline:
         feats = self._features(batch, letters, accumulate=self.merges)
         tail = feats
         if self.spec.memory:
-            tail = routed = self.memory.route.remote(feats)
+            tail = routed = self.memory.route.remote(feats, self.expansions)
             if self.monitor is not None:
-                tail = self.memory.expand.remote(self.monitor.observe.remote(routed))
+                tail = self.expansions = self.monitor.observe.remote(routed)
         return Submitted(feats, tail, letters)
+
+    def apply_expansions(self) -> None:
+        """Apply the last batch's expansions (each batch's are otherwise applied by the next route call)."""
+        if self.expansions is not None:
+            ray.get(self.memory.expand.remote(self.expansions))
+            self.expansions = None
 
     def consolidate(self, block: list[ray.ObjectRef]) -> dict:
         """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot."""
         out: dict = {}
         t0 = time.perf_counter()
+        self.apply_expansions()
         if self.stage1 is not None:
             trained = self.stage1.train.remote(self.memory.memory_state.remote(), *block)
             ray.get(self.memory.load_memory.remote(trained))
@@ -195,6 +203,7 @@ class Pipeline:
 
     def revive(self, parts: dict[str, checkpoint.State], features: dict[str, tuple]) -> None:
         """After a fault: every role alive and reset, the source given its features again, all restored."""
+        self.expansions = None  # belonged to the replayed round
         for role in self.roles:
             self.actors.revive(role)
         if self.encoders is not None:
