@@ -128,8 +128,12 @@ def ratios(agg: dict[str, dict]) -> list[str]:
             ratio = "∞ (the bank needs 0 steps)" if a["mean_steps"] > 0 else "1 (both 0)"
         else:
             ratio = f"{a['mean_steps'] / bank:.1f}x"
-        lower = f" (a lower bound: {a['censored']} of {a['returning']} visits censored)" if a["censored"] else ""
-        out.append(f"{allocation} / bank mean recovery steps: {ratio}{lower}")
+        note = ""
+        if agg["bank"]["censored"]:  # both means are lower bounds: their ratio is no bound at all
+            note = " (indicative only: some visits of both rules censored)"
+        elif a["censored"]:
+            note = f" (a lower bound: {a['censored']} of {a['returning']} visits censored)"
+        out.append(f"{allocation} / bank mean recovery steps: {ratio}{note}")
     return out
 
 
