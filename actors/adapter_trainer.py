@@ -10,6 +10,7 @@ import torch
 
 from actors.clock import StageClock
 from memcl_ops.encoders import EncoderSpec, build_encoder
+from memcl_ops.lora import backbone_parameters
 from memcl_ops.nsr import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
 from memcl_ops.task_bank import BankEntry
 
@@ -38,7 +39,7 @@ class AdapterTrainer:
         a = self.learner.adapters
         return {"encoder": self.encoder.id, "dim": self.encoder.dim, "sites": list(a.sites),
                 "adapter_parameters": a.num_parameters(),
-                "backbone_parameters": sum(p.numel() for p in self.encoder.model.parameters()) - a.num_parameters()}
+                "backbone_parameters": sum(p.numel() for p in backbone_parameters(self.encoder.model).values())}
 
     def key(self, *batches: pa.RecordBatch) -> np.ndarray:
         with self.clock.time("key"):

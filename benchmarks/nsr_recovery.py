@@ -47,7 +47,7 @@ def config(args: argparse.Namespace, allocation: str, seed: int):
         overrides["stream.visits"] = list(range(base.stream.tasks)) * args.cycles
     if args.train_per_class is not None:
         overrides["stream.train_per_class"] = args.train_per_class
-        overrides["method.nsr.recovery_max_steps"] = 2 * args.train_per_class // base.stream.batch_size
+        overrides["method.nsr.recovery_max_steps"] = 2 * args.train_per_class // base.method.nsr.batch_size
     for key, value in (("stream.test_per_class", args.test_per_class), ("method.nsr.probe_size", args.probe),
                        ("encoder.spec.max_length", args.max_length)):
         if value is not None:

@@ -36,7 +36,6 @@ from memcl_ops.lora import LoRAAdapters, LoRAConfig
 from memcl_ops.losses import kd_loss
 from memcl_ops.lowrank import CompressedDelta, compress
 from memcl_ops.task_bank import BankConfig, BankEntry, Retrieval, TaskKnowledgeBank, normalize
-from memcl_ops.training import OptimConfig
 
 Allocation = Literal["bank", "fresh", "keep"]
 
@@ -46,7 +45,8 @@ class NSRConfig:
     allocation: Allocation = "bank"  # the arrival rule; "fresh" and "keep" are the memoryless baselines
     lora: LoRAConfig = LoRAConfig()
     bank: BankConfig = BankConfig()
-    optim: OptimConfig = OptimConfig(epochs=1, lr=1e-3, batch_size=16)  # Adam on adapter + head [R]
+    lr: float = 1e-3  # Adam on the adapter and the head [R]
+    batch_size: int = 16  # rows per optimizer step; each row is learned once, in stream order [R]
     kd_weight: float = 1.0  # λ_KD [R]
     kd_temperature: float = 2.0  # T [R]
     probe_size: int = 256  # the task key is the mean LoRA-off feature of the visit's first rows [R]
@@ -56,8 +56,9 @@ class NSRConfig:
     def __post_init__(self) -> None:
         if self.allocation not in ("bank", "fresh", "keep"):
             raise ValueError(f"nsr.allocation must be bank, fresh or keep, got {self.allocation!r}")
-        if self.probe_size < 1:
-            raise ValueError(f"nsr.probe_size must be >= 1, got {self.probe_size}")
+        if self.probe_size < 1 or self.batch_size < 1:
+            raise ValueError(f"nsr.probe_size and nsr.batch_size must be >= 1, got {self.probe_size}, "
+                             f"{self.batch_size}")
 
 
 class TrainableEncoder(Protocol):
@@ -189,7 +190,7 @@ class AdapterLearner:
         if plan.kind in ("restore", "warm") and self.config.kd_weight > 0:
             self.teacher = (self.adapters.factors(), [self._frozen_head(h) for h in plan.teacher_heads])
         params = [*self.adapters.parameters(), *self.head.parameters()]
-        self.optimizer = torch.optim.Adam(params, lr=self.config.optim.lr)
+        self.optimizer = torch.optim.Adam(params, lr=self.config.lr)
         self.steps = 0
 
     def _load_head(self, state: Mapping[str, np.ndarray] | None) -> None:
@@ -216,11 +217,11 @@ class AdapterLearner:
         return torch.tensor([lookup[int(c)] for c in y], dtype=torch.long)
 
     def train_batch(self, batch: pa.RecordBatch, after_step: Callable[[], None] | None = None) -> list[float]:
-        """One optimizer step per `optim.batch_size` rows of `batch`; `after_step` runs after each step."""
+        """One optimizer step per `batch_size` rows of `batch`; `after_step` runs after each step."""
         if self.optimizer is None:
             raise RuntimeError("begin_task must come before training")
         losses = []
-        size = self.config.optim.batch_size
+        size = self.config.batch_size
         for start in range(0, batch.num_rows, size):
             losses.append(self._step(batch.slice(start, size)))
             if after_step is not None:

@@ -41,7 +41,7 @@ def config(tmp_path, encoder: str, **extra):
         "data.dataset": "bbc-news", "stream.tasks": 3, "stream.task_classes": [[0, 1], [2, 3], [4, 0]],
         "stream.visits": VISITS, "stream.train_per_class": TRAIN_PER_CLASS, "stream.test_per_class": TEST_PER_CLASS,
         "stream.batch_size": 8, "encoder.spec.name": encoder, "encoder.spec.max_length": 16, "encoder.threads": 1,
-        "method.name": "nsr", "method.nsr.optim.batch_size": 8, "method.nsr.optim.lr": 5e-3,
+        "method.name": "nsr", "method.nsr.batch_size": 8, "method.nsr.lr": 5e-3,
         # the probe covers a whole visit, so a returning task's key is exactly its stored key
         "method.nsr.probe_size": 2 * TRAIN_PER_CLASS, "runtime.out": str(tmp_path), "runtime.progress": False,
         "runtime.actor_threads": 1, **extra})

@@ -11,9 +11,8 @@ from memcl_ops.encoders import EncoderSpec, build_encoder
 from memcl_ops.lora import backbone_parameters
 from memcl_ops.nsr import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, plan_arrival
 from memcl_ops.task_bank import TaskKnowledgeBank
-from memcl_ops.training import OptimConfig
 
-CONFIG = NSRConfig(optim=OptimConfig(lr=5e-3, batch_size=8), probe_size=16)
+CONFIG = NSRConfig(lr=5e-3, batch_size=8, probe_size=16)
 TASKS = {0: [0, 1], 1: [2, 3]}  # BBC topics: business vs entertainment, politics vs sport
 
 
