@@ -54,16 +54,17 @@ class LMEncoder:
     def generate(self, pairs: pa.RecordBatch, max_new_tokens: int, prototypes: dict[str, np.ndarray] | None = None,
                  memory: MemoryConfig | None = None, adapt: AdaptConfig | None = None,
                  demonstrations: list[list[tuple[str, str]]] | None = None) -> pa.RecordBatch:
-        """The pairs with a `prediction` column: greedy answers of the frozen LM, adapted by `prototypes` (a
-        DirectionMemory state) when given, after per-row `demonstrations` when given."""
+        """The pairs with `prediction` and `answer_nll` columns: greedy answers of the frozen LM (and the NLL of the
+        reference answer), adapted by `prototypes` (a DirectionMemory state) when given, after per-row
+        `demonstrations` when given."""
         with self.clock.time("generate"):
-            prompts, _ = S.text_pairs(pairs)
+            prompts, answers = S.text_pairs(pairs)
             adapter = None
             if prototypes is not None:
                 adapter = Adaptation(DirectionMemory.from_state(prototypes, memory or MemoryConfig()), self.lm.weight,
                                      adapt or AdaptConfig())
-            out = self.lm.generate(prompts, max_new_tokens, adapter, demonstrations)
-            return with_predictions(pairs, out.texts)
+            out = self.lm.generate(prompts, max_new_tokens, adapter, demonstrations, answers)
+            return with_predictions(pairs, out.texts, out.answer_nll)
 
     def state(self) -> dict[str, np.ndarray]:
         return {}  # frozen: nothing to checkpoint

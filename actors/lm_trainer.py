@@ -53,8 +53,9 @@ class LMTrainer:
 
     def generate(self, pairs: pa.RecordBatch, max_new_tokens: int) -> pa.RecordBatch:
         with self.clock.time("generate"):
-            prompts, _ = S.text_pairs(pairs)
-            return with_predictions(pairs, self.lm.generate(prompts, max_new_tokens).texts)
+            prompts, answers = S.text_pairs(pairs)
+            out = self.lm.generate(prompts, max_new_tokens, answers=answers)
+            return with_predictions(pairs, out.texts, out.answer_nll)
 
     def memory_bytes(self) -> dict[str, int]:
         """The adapter is trained state, not memory of past data; reported for completeness."""

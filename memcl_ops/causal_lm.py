@@ -27,7 +27,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,10 @@ class LMSpec:
     name: str = SMOLLM2  # "smollm2-135m" (offline, from PyPI), "hf:<local folder>" or "tiny:<arch>" (TINY_ARCHS)
     cache_dir: str | None = None  # converted SmolLM2 copy; None: $XDG_CACHE_HOME/memcl (or ~/.cache/memcl)
     key_layer: int | None = None  # ℓ_k, the hidden_states index of the semantic key; None: L//2 [R]
+    # X_m of Eq. 1 [R]: "content" = the prompt's own tokens; "all" = every input token, chat scaffold and first
+    # token included. In Llama-family models the first token is an attention sink whose state at middle layers
+    # has a huge norm (SmolLM2 layer 15: ~25000 vs ~150), so under "all" every key is nearly the same vector.
+    key_positions: Literal["content", "all"] = "content"
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruction-tuned models)
     system_prompt: str = "Answer with the label only."  # system turn of the chat template ("" to omit it)
     max_prompt_tokens: int = 512  # longer prompts keep their last tokens (the question sits at the end)
@@ -170,12 +174,19 @@ class HiddenAdapter(Protocol):
 AdapterFactory = Callable[[torch.Tensor], HiddenAdapter]  # query keys (B, H) -> the adapter for that batch
 
 
+@dataclass(frozen=True)
+class PromptTokens:
+    ids: list[int]
+    key_span: tuple[int, int]  # [start, end) of the positions X_m the semantic key averages
+
+
 @dataclass
 class Generation:
     texts: list[str]  # decoded continuation, cut at the first stop token
     tokens: list[list[int]]  # generated ids (stop token included when one was emitted)
     query_keys: torch.Tensor  # (B, H) semantic keys of the prompts
     cache: object  # the KV cache after the last step (the base pass only; for inspection)
+    answer_nll: torch.Tensor | None = None  # (B,) mean NLL of the given answers' tokens under the same adaptation
 
 
 @dataclass
@@ -227,28 +238,37 @@ class CausalLM:
     def chat(self) -> bool:
         return self.spec.chat_template and bool(getattr(self.tokenizer, "chat_template", None))
 
-    def prompt_ids(self, prompt: str, demonstrations: Sequence[tuple[str, str]] = ()) -> list[int]:
-        """Token ids of a prompt as the model reads it, truncated on the left. Chat models get the chat template
-        (demonstrations as earlier user/assistant turns); others read "<prompt>\nAnswer:" after
-        "<prompt>\nAnswer: <answer>\n\n" per demonstration."""
+    def prompt_tokens(self, prompt: str, demonstrations: Sequence[tuple[str, str]] = ()) -> PromptTokens:
+        """A prompt as the model reads it, truncated on the left, with the span of the prompt's own tokens.
+        Chat models get the chat template (demonstrations as earlier user/assistant turns); others read
+        "<prompt>\nAnswer:" after "<prompt>\nAnswer: <answer>\n\n" per demonstration."""
         if self.chat:
             turns = [{"role": "system", "content": self.spec.system_prompt}] if self.spec.system_prompt else []
             for p, a in demonstrations:
                 turns += [{"role": "user", "content": p}, {"role": "assistant", "content": a}]
             turns.append({"role": "user", "content": prompt})
-            ids = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
+            text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+            special = False  # the template writes its own special tokens
         else:
             text = "".join(f"{p}\nAnswer: {a}\n\n" for p, a in demonstrations) + f"{prompt}\nAnswer:"
-            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
-        return list(ids)[-self.spec.max_prompt_tokens:]
+            special = True
+        encoded = self.tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+        ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+        start_char = text.rfind(prompt)
+        end_char = start_char + len(prompt)
+        content = [i for i, (a, b) in enumerate(offsets) if b > a and a < end_char and b > start_char]
+        span = (content[0], content[-1] + 1) if content and self.spec.key_positions == "content" else (0, len(ids))
+        cut = max(0, len(ids) - self.spec.max_prompt_tokens)
+        return PromptTokens(ids[cut:], (max(span[0] - cut, 0), max(span[1] - cut, 1)))
+
+    def prompt_ids(self, prompt: str, demonstrations: Sequence[tuple[str, str]] = ()) -> list[int]:
+        return self.prompt_tokens(prompt, demonstrations).ids
 
     def answer_ids(self, answer: str) -> list[int]:
         """The answer's tokens as they follow the prompt (after "Answer:" a space, in a chat turn nothing)."""
+        if not answer.strip():
+            raise ValueError(f"answer {answer!r} is blank")
         ids = self.tokenizer(answer if self.chat else f" {answer}", add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise ValueError(f"answer {answer!r} has no tokens")
         return list(ids)
 
     # ---------------------------------------------------------------- teacher forcing (write side)
@@ -260,7 +280,7 @@ class CausalLM:
         keys, corrections, losses = [], [], []
         for start in range(0, len(prompts), self.spec.micro_batch):
             chunk = range(start, min(start + self.spec.micro_batch, len(prompts)))
-            k, r, loss = self._teacher_forced_chunk([self.prompt_ids(prompts[i]) for i in chunk],
+            k, r, loss = self._teacher_forced_chunk([self.prompt_tokens(prompts[i]) for i in chunk],
                                                     [self.answer_ids(answers[i]) for i in chunk])
             keys.append(k)
             corrections.append(r)
@@ -286,14 +306,14 @@ class CausalLM:
                   for i, (p, a) in enumerate(zip(p_ids, a_ids))]
         return torch.stack(losses).mean()
 
-    def _teacher_forced_chunk(self, prompts: list[list[int]], answers: list[list[int]]
+    def _teacher_forced_chunk(self, prompts: list[PromptTokens], answers: list[list[int]]
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = self._forward_pairs(prompts, answers, hidden_states=True)
+        out = self._forward_pairs([p.ids for p in prompts], answers, hidden_states=True)
         key_states = out.hidden_states[self.key_layer]
         keys, corrections, losses = [], [], []
-        for i, (p, a) in enumerate(zip(prompts, answers)):
-            keys.append(normalize(key_states[i, :len(p)].mean(dim=0)))
-            log_p = F.log_softmax(self.head(self._target_states(out, i, len(p), len(a))), dim=-1)
+        for i, (tokens, a) in enumerate(zip(prompts, answers)):
+            keys.append(normalize(key_states[i, slice(*tokens.key_span)].mean(dim=0)))
+            log_p = F.log_softmax(self.head(self._target_states(out, i, len(tokens.ids), len(a))), dim=-1)
             target = torch.tensor(a)
             residual = -log_p.exp()  # e_y − p, summed over the target positions then averaged
             residual[torch.arange(len(a)), target] += 1.0
@@ -306,47 +326,58 @@ class CausalLM:
         """k_q = Norm(mean over prompt tokens of h^(ℓ_k)) for prompts alone (no answer)."""
         keys = []
         for start in range(0, len(prompts), self.spec.micro_batch):
-            seqs = [self.prompt_ids(p) for p in prompts[start:start + self.spec.micro_batch]]
-            ids, mask = _right_padded(seqs, self.pad_id)
+            seqs = [self.prompt_tokens(p) for p in prompts[start:start + self.spec.micro_batch]]
+            ids, mask = _right_padded([s.ids for s in seqs], self.pad_id)
             out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
             states = out.hidden_states[self.key_layer]
-            keys += [normalize(states[i, :len(s)].mean(dim=0)) for i, s in enumerate(seqs)]
+            keys += [normalize(states[i, slice(*s.key_span)].mean(dim=0)) for i, s in enumerate(seqs)]
         return torch.stack(keys) if keys else torch.zeros(0, self.hidden_size)
 
     # ---------------------------------------------------------------- generation (read side)
     @torch.inference_mode()
     def generate(self, prompts: Sequence[str], max_new_tokens: int, adapter: AdapterFactory | None = None,
-                 demonstrations: Sequence[Sequence[tuple[str, str]]] | None = None) -> Generation:
+                 demonstrations: Sequence[Sequence[tuple[str, str]]] | None = None,
+                 answers: Sequence[str] | None = None) -> Generation:
         """Greedy decoding of all prompts (micro-batched), each optionally after its own demonstrations.
         With `adapter`, each step's logits come from W·h̃ with h̃ = adapter(h, W·h); the KV cache only ever
-        sees the base pass."""
+        sees the base pass. With `answers`, also their teacher-forced NLL under the same adaptation."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if demonstrations is not None and len(demonstrations) != len(prompts):
-            raise ValueError(f"{len(demonstrations)} demonstration lists for {len(prompts)} prompts")
-        texts, tokens, keys, cache = [], [], [], None
+        for name, given in (("demonstration lists", demonstrations), ("answers", answers)):
+            if given is not None and len(given) != len(prompts):
+                raise ValueError(f"{len(given)} {name} for {len(prompts)} prompts")
+        texts, tokens, keys, nll, cache = [], [], [], [], None
         for start in range(0, len(prompts), self.spec.micro_batch):
             chunk = range(start, min(start + self.spec.micro_batch, len(prompts)))
-            seqs = [self.prompt_ids(prompts[i], demonstrations[i] if demonstrations else ()) for i in chunk]
-            part = self.generate_ids(seqs, max_new_tokens, adapter)
+            seqs = [self.prompt_tokens(prompts[i], demonstrations[i] if demonstrations else ()) for i in chunk]
+            targets = [self.answer_ids(answers[i]) for i in chunk] if answers is not None else None
+            part = self.generate_ids(seqs, max_new_tokens, adapter, targets)
             texts += part.texts
             tokens += part.tokens
             keys.append(part.query_keys)
+            nll.append(part.answer_nll)
             cache = part.cache
-        return Generation(texts, tokens, torch.cat(keys) if keys else torch.zeros(0, self.hidden_size), cache)
+        return Generation(texts, tokens, torch.cat(keys) if keys else torch.zeros(0, self.hidden_size), cache,
+                          torch.cat(nll) if answers is not None and nll else None)
 
-    def generate_ids(self, seqs: list[list[int]], max_new_tokens: int,
-                     adapter: AdapterFactory | None = None) -> Generation:
-        ids, mask = _left_padded(seqs, self.pad_id)
+    def generate_ids(self, seqs: list[PromptTokens], max_new_tokens: int, adapter: AdapterFactory | None = None,
+                     answers: list[list[int]] | None = None) -> Generation:
+        ids, mask = _left_padded([s.ids for s in seqs], self.pad_id)
         positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
         out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
                             use_cache=True)
         cache = out.cache
         key_states = out.hidden_states[self.key_layer]
-        real = mask.unsqueeze(-1).bool()  # pad rows may hold NaN (they attend to nothing): select, never multiply
-        query_keys = normalize(torch.where(real, key_states, 0.0).sum(dim=1) / real.sum(dim=1))
+        pad = ids.shape[1] - torch.tensor([len(s.ids) for s in seqs])
+        query_keys = torch.stack([normalize(key_states[i, pad[i] + s.key_span[0]:pad[i] + s.key_span[1]].mean(dim=0))
+                                  for i, s in enumerate(seqs)])
         step = adapter(query_keys) if adapter is not None else None
         hidden = out.last_hidden_state[:, -1]
+        nll = None
+        if answers is not None:  # decoding then starts from the same prompt cache
+            nll = self._answer_nll(hidden, cache, mask, positions[:, -1], answers, step)
+            fed = cache.get_seq_length() - ids.shape[1]
+            cache.crop(-fed)  # back to the prompt (transformers 5: a negative count removes tokens)
         generated = torch.zeros(len(seqs), 0, dtype=torch.long)
         done = torch.zeros(len(seqs), dtype=torch.bool)
         stops = torch.tensor(sorted(self.stop_ids))
@@ -375,7 +406,28 @@ class CausalLM:
                     break
             token_lists.append(kept)
             texts.append(self.tokenizer.decode([t for t in kept if t not in self.stop_ids], skip_special_tokens=True))
-        return Generation(texts, token_lists, query_keys, cache)
+        return Generation(texts, token_lists, query_keys, cache, nll)
+
+    def _answer_nll(self, last: torch.Tensor, cache: object, mask: torch.Tensor, last_position: torch.Tensor,
+                    answers: list[list[int]], step: HiddenAdapter | None) -> torch.Tensor:
+        """Mean NLL of each answer's tokens fed after the prompt (teacher forcing on the prompt's cache), with
+        every position's logits from the same (adapted) head as decoding."""
+        targets, valid = _right_padded(answers, self.pad_id)
+        states = last.unsqueeze(1)
+        if targets.shape[1] > 1:
+            fed = targets[:, :-1]
+            out = self.backbone(input_ids=fed, attention_mask=torch.cat([mask, valid[:, :-1]], dim=1),
+                                position_ids=last_position.unsqueeze(1) + 1 + torch.arange(fed.shape[1]),
+                                cache=cache, use_cache=True)
+            states = torch.cat([states, out.last_hidden_state], dim=1)
+        total = torch.zeros(len(answers))
+        for t in range(targets.shape[1]):
+            logits = self.head(states[:, t])
+            if step is not None:
+                logits = self.head(step(states[:, t], logits))
+            token_nll = -F.log_softmax(logits, dim=-1).gather(1, targets[:, t:t + 1]).squeeze(1)
+            total += torch.where(valid[:, t].bool(), token_nll, 0.0)
+        return total / valid.sum(dim=1)
 
 
 def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -88,8 +88,11 @@ def finetune(lm: CausalLM, adapters: LoRAAdapters, prompts: list[str], answers: 
 
 
 PREDICTION = "prediction"
+ANSWER_NLL = "answer_nll"
 
 
-def with_predictions(pairs: pa.RecordBatch, texts: list[str]) -> pa.RecordBatch:
-    """The text-pair batch with the generated text of each row appended (scored by the runner)."""
-    return pairs.append_column(pa.field(PREDICTION, pa.string(), nullable=False), pa.array(texts, pa.string()))
+def with_predictions(pairs: pa.RecordBatch, texts: list[str], answer_nll: torch.Tensor) -> pa.RecordBatch:
+    """The text-pair batch with each row's generated text and the teacher-forced NLL of its answer appended."""
+    out = pairs.append_column(pa.field(PREDICTION, pa.string(), nullable=False), pa.array(texts, pa.string()))
+    return out.append_column(pa.field(ANSWER_NLL, pa.float32(), nullable=False),
+                             pa.array(answer_nll.numpy().astype("float32")))

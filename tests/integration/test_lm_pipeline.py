@@ -2,6 +2,7 @@
 tiny random Llama (the SmolLM2 numbers come from the slow tier and benchmarks/miita_lm.py)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ ALWAYS_ON = {"entropy_threshold": -1.0, "relevance_threshold": -1.0}  # gate ful
 def config(step: float, methods=("base", "replay", "miita", "lora"), budgets=(512,)):
     return LMRunConfig(
         model=LMSpec(name="tiny:llama", threads=1), methods=methods, budgets=budgets,
-        stream=LMStreamSpec(tasks=("word-code", "made-up-base"), train_per_task=6, test_per_task=3),
+        stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3),
         method=LMMethodConfig(adapt=AdaptConfig(step=step, **ALWAYS_ON)),
         runtime=LMRuntimeConfig(threads=1, batch_size=4, progress=False))
 
@@ -44,8 +45,10 @@ def test_run_folder_holds_every_run_side_by_side(zero_step):
     assert list(runs) == ["base", "replay@512B", "miita@512B", "lora"]
     for name, r in runs.items():
         acc = np.array(r["acc_matrix"])
-        assert acc.shape == (2, 2) and np.isnan(acc[0, 1]) and not np.isnan(acc[np.tril_indices(2)]).any(), name
-        assert r["op"] == pytest.approx(acc[-1].mean()) and r["bwt"] == pytest.approx(acc[1, 0] - acc[0, 0])
+        assert acc.shape == (3, 3) and np.isnan(acc[np.triu_indices(3, 1)]).all(), name
+        assert not np.isnan(acc[np.tril_indices(3)]).any(), name
+        bwt = (acc[2, 0] - acc[0, 0] + acc[2, 1] - acc[1, 1]) / 2
+        assert r["op"] == pytest.approx(acc[-1].mean()) and r["bwt"] == pytest.approx(bwt)
     folder = zero_step["run_dir"]
     for name in ("results.csv", "op_bwt.png", "miita_512B_acc_matrix.png", "lora_acc_matrix.csv", "config.yaml"):
         assert Path(folder, name).exists(), name
@@ -58,19 +61,33 @@ def test_memory_methods_stay_within_their_budget_after_every_task(zero_step):
         used = [sum(entry["memory_bytes"].values()) for entry in r["log"]]
         assert all(0 < u <= r["budget_bytes"] for u in used), (name, used)
     miita = zero_step["runs"]["miita@512B"]["log"]
-    assert sum(entry["learned"]["new"] + entry["learned"]["merged"] for entry in miita) == 12  # every pair written
+    assert sum(entry["learned"]["new"] + entry["learned"]["merged"] for entry in miita) == 18  # every pair written
     assert sum(entry["learned"]["repairs"] for entry in miita) > 0  # and the budget made repair work
 
 
 def test_zero_step_miita_answers_exactly_like_the_base_model(zero_step):
     preds = predictions(zero_step)
-    assert preds["miita@512B"] == {k: v for k, v in preds["base"].items() if k in preds["miita@512B"]}
-    assert len(preds["miita@512B"]) == 3 + 6  # task 0 after task 0, tasks 0 and 1 after task 1
+    base = {sample: text for (_, sample), text in preds["base"].items()}  # the frozen base answers each task once
+    assert len(preds["miita@512B"]) == 3 + 6 + 9  # after task i, the test pairs of tasks 0..i
+    assert all(text == base[sample] for (_, sample), text in preds["miita@512B"].items())
+    runs = zero_step["runs"]
+    assert runs["miita@512B"]["final_answer_nll"] == runs["base"]["final_answer_nll"]  # the very same logits
 
 
 def test_a_real_step_changes_the_answers(actors, tmp_path, zero_step):
     strong = run(config(3.0, methods=("miita",)), run_dir=tmp_path, actors=actors)
     assert predictions(strong)["miita@512B"] != predictions(zero_step)["miita@512B"]
+
+
+def test_new_and_final_evaluation_gives_the_same_op_and_bwt(actors, tmp_path, zero_step):
+    cfg = config(0.0, methods=("replay", "miita"))
+    short = run(replace(cfg, runtime=replace(cfg.runtime, evaluate="new_and_final")), run_dir=tmp_path, actors=actors)
+    for name, r in short["runs"].items():
+        acc, full = np.array(r["acc_matrix"]), np.array(zero_step["runs"][name]["acc_matrix"])
+        assert np.isnan(acc[1, 0]) and r["a_mean"] is None  # task 0 was not answered again after task 1
+        np.testing.assert_array_equal(acc[np.diag_indices(3)], full[np.diag_indices(3)])
+        np.testing.assert_array_equal(acc[-1], full[-1])
+        assert (r["op"], r["bwt"]) == (zero_step["runs"][name]["op"], zero_step["runs"][name]["bwt"])
 
 
 def test_lora_training_lowers_the_training_loss(zero_step):

@@ -56,17 +56,24 @@ def test_loss_matches_the_model_cross_entropy(lm):
         assert torch.allclose(out.loss[i], F.cross_entropy(logits, torch.tensor(a)), atol=1e-5)
 
 
-def test_keys_are_the_normalised_mean_at_the_key_layer_and_ignore_padding(lm):
+def test_keys_are_the_normalised_mean_over_the_prompt_tokens_and_ignore_padding(lm):
     batched = lm.teacher_forced(PROMPTS, ANSWERS).keys
     for i, prompt in enumerate(PROMPTS):
-        ids = torch.tensor([lm.prompt_ids(prompt)])
+        tokens = lm.prompt_tokens(prompt)
+        assert lm.tokenizer.decode(tokens.ids[slice(*tokens.key_span)]) == prompt  # X_m: the prompt's own tokens
         with torch.no_grad():
-            states = lm.backbone(input_ids=ids, output_hidden_states=True).hidden_states[lm.key_layer][0]
-        mean = states.mean(dim=0)
+            states = lm.backbone(input_ids=torch.tensor([tokens.ids]), output_hidden_states=True).hidden_states
+        mean = states[lm.key_layer][0, slice(*tokens.key_span)].mean(dim=0)
         assert torch.allclose(batched[i], mean / mean.norm(), atol=1e-5)
     # the key does not see the answer, and the same prompt read for generation (left padded) gives the same key
     assert torch.allclose(lm.query_keys(PROMPTS), batched, atol=1e-5)
     assert torch.allclose(lm.generate(PROMPTS, 1).query_keys, batched, atol=1e-5)
+
+
+def test_key_positions_all_takes_every_input_token():
+    every = load_lm(LMSpec(name="tiny:llama", key_positions="all"))
+    tokens = every.prompt_tokens("abc", [("q", "a")])
+    assert tokens.key_span == (0, len(tokens.ids)) and len(tokens.ids) > len("abc")
 
 
 def test_greedy_loop_matches_transformers_generate(lm):
@@ -76,6 +83,16 @@ def test_greedy_loop_matches_transformers_generate(lm):
         theirs = lm.model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
                                    eos_token_id=sorted(lm.stop_ids), pad_token_id=lm.pad_id)[0, len(ids):].tolist()
         assert ours == theirs[:len(ours)]
+
+
+def test_answer_nll_during_generation_is_the_teacher_forced_loss_and_leaves_decoding_alone(lm):
+    plain = lm.generate(PROMPTS, 5)
+    scored = lm.generate(PROMPTS, 5, answers=ANSWERS)
+    assert scored.tokens == plain.tokens  # the cache went back to the prompt before decoding
+    assert torch.allclose(scored.answer_nll, lm.teacher_forced(PROMPTS, ANSWERS).loss, atol=1e-4)
+    adapted = lm.generate(PROMPTS, 5, Adaptation(filled_memory(lm), lm.weight, AdaptConfig(
+        step=1.0, entropy_threshold=-1.0, relevance_threshold=-1.0)), answers=ANSWERS)
+    assert not torch.allclose(adapted.answer_nll, scored.answer_nll)
 
 
 def test_batched_generation_equals_one_by_one(lm):
@@ -152,7 +169,7 @@ def test_adapted_steps_never_enter_the_kv_cache(lm):
 def test_bad_input_is_refused(lm):
     with pytest.raises(ValueError, match="2 prompts but 1 answers"):
         lm.teacher_forced(["a", "b"], ["c"])
-    with pytest.raises(ValueError, match="has no tokens"):
+    with pytest.raises(ValueError, match="is blank"):
         lm.teacher_forced(["a"], [""])
     with pytest.raises(ValueError, match="max_new_tokens"):
         lm.generate(["a"], 0)
