@@ -57,9 +57,9 @@ class TextTask:
 @dataclass(frozen=True)
 class LMStreamSpec:
     tasks: tuple[str, ...] = ("bbc-topic", "fortune-topic", "word-code", "last-letter", "made-up-base")
-    train_per_task: int = 32
-    test_per_task: int = 24
-    max_words: int = 40  # real texts are cut to their first words (prompt length, and so compute, stays small)
+    train_per_task: int = 24
+    test_per_task: int = 16
+    max_words: int = 30  # real texts are cut to their first words (prompt length, and so compute, stays small)
     seed: int = 0  # draws the examples and the word-code map
 
 
@@ -90,7 +90,9 @@ def _classification(name: str, texts: np.ndarray, labels: np.ndarray, classes: t
 
     def pairs(rows: np.ndarray, n: int) -> tuple[TextPair, ...]:
         per_class = [_sample(rng, rows[labels[rows] == c], -(-n // len(classes))) for c in range(len(classes))]
-        chosen = rng.permutation(np.concatenate(per_class))[:n]
+        class_order = rng.permutation(len(classes))  # which classes get the one extra example when n % C != 0
+        round_robin = [per_class[c][k] for k in range(len(per_class[0])) for c in class_order if k < len(per_class[c])]
+        chosen = rng.permutation(np.array(round_robin[:n]))
         return tuple(TextPair(f"{question} ({options})\n\n{_first_words(str(texts[r]), spec.max_words)}",
                               classes[labels[r]]) for r in chosen)
 

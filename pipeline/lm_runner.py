@@ -67,7 +67,7 @@ class LMRuntimeConfig:
 
 @dataclass(frozen=True)
 class LMRunConfig:
-    """`memcl lm` with no config: SmolLM2-135M-Instruct on five tasks (32 train / 24 test pairs each); the frozen
+    """`memcl lm` with no config: SmolLM2-135M-Instruct on five tasks (24 train / 16 test pairs each); the frozen
     base, text replay and MIITA at 16 KiB and 64 KiB, and sequential LoRA, side by side."""
 
     seed: int = 0

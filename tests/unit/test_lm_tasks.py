@@ -16,7 +16,7 @@ def stream():
 def test_stream_has_five_tasks_of_the_requested_sizes(stream):
     assert [t.name for t in stream] == list(BUILDERS)
     for task in stream:
-        assert (len(task.train), len(task.test)) == (32, 24)
+        assert (len(task.train), len(task.test)) == (24, 16)
         assert all(p.answer in task.answers for p in (*task.train, *task.test)), task.name
         assert all(", ".join(task.answers[:2]) in p.prompt or task.name in ("last-letter", "made-up-base")
                    for p in task.test)
