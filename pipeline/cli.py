@@ -3,7 +3,7 @@
     memcl run [--config FILE] [--address auto] [--out DIR] [--seed N] [--resume RUN_DIR] [--set key=value ...]
     memcl report RUN_DIR
     memcl bench SUITE [--seeds 3] [--methods a,b,...] [--out DIR] [--set key=value ...]
-    memcl bench throughput [--images 2560] [--image-size 64]
+    memcl bench throughput [--images 2560] [--image-size 64] [--repeats 3]
     memcl lm [--config FILE] [--address auto] [--out DIR] [--seed N] [--set key=value ...]
 """
 
@@ -98,7 +98,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "throughput":
         from pipeline.throughput import table, throughput
 
-        rows = throughput(images=args.images, image_size=args.image_size, out=args.bench_out)
+        rows = throughput(images=args.images, image_size=args.image_size, out=args.bench_out, repeats=args.repeats)
         print()
         print(table(rows))
         print(f"throughput.csv and throughput.png: {Path(args.bench_out) / 'throughput'}")
@@ -161,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a suite of methods on one stream, or `throughput`: bare encoder loop vs actor pipeline")
     ben.add_argument("--images", type=int, default=2560, help="throughput: images streamed per case")
     ben.add_argument("--image-size", type=int, default=64, help="throughput: EfficientNet input resolution")
+    ben.add_argument("--repeats", type=int, default=3, help="throughput: alternating timings per case (medians)")
     ben.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
     ben.add_argument("--methods", help="comma-separated subset of the registered methods (default: all)")
     ben.add_argument("--out", dest="bench_out", default="runs/bench", help="parent folder of <suite>/ results")

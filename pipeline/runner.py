@@ -112,7 +112,9 @@ class Pipeline:
         self.merges = spec.mergeable and inline and method.analytic.accumulate_in == "encoders"
         if spec.memory or self.merges:
             router = method.router if spec.memory else RouterConfig(initial_slots=0)
-            actors.get("memory", MemoryManager, light, dim, router, method.sgse.max_slots, seed, threads)
+            # One torch thread: it routes every batch while the encoders run, and a second thread would fight
+            # them for the cores (`memcl bench throughput`).
+            actors.get("memory", MemoryManager, light, dim, router, method.sgse.max_slots, seed, 1)
             self.roles.append("memory")
         if spec.sgse:
             actors.get("monitor", NoveltyMonitor, light, method.sgse)

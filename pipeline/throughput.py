@@ -5,7 +5,10 @@ side by side in one run, for several batch sizes and replica counts.
 Prints samples/s of each, the ratio (b)/(a) over the streaming phase (where the data flows through the
 encoder; training and evaluation follow it and are reported in the breakdown), the per-stage busy time
 (source, encode, route, monitor, train, evaluate) and the Ray overhead (streaming wall time the encoder
-was not busy), and the per-batch overhead of the actor chain. Writes throughput.csv and throughput.png.
+was not busy), and the per-batch overhead of the actor chain next to Ray's own floor on this machine: the same
+batches through a chain of as many no-op actors as the pipeline has hops. Bare loop and pipeline alternate
+`repeats` times and the medians are reported (on a shared 2-core VM single timings vary by ±20 %).
+Writes throughput.csv and throughput.png.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import ray
 import torch
 
 from memcl_ops import schema as S
@@ -27,9 +31,10 @@ from memcl_ops.datasets import load_fashion_mnist
 from memcl_ops.encoders import EncoderSpec, build_encoder
 from pipeline import runner
 from pipeline.actor_cache import ActorCache
-from pipeline.config import load_config
+from pipeline.config import RuntimeConfig, load_config
 
 CORES = 2  # the machine this is measured on; encoder threads are split between replicas
+HOPS = 4  # actor calls per streamed batch: source, encoder, memory.route, monitor.observe
 
 
 @dataclass
@@ -37,11 +42,13 @@ class Case:
     encoder: str
     batch_size: int
     replicas: int
+    images: int | None = None  # None: the run's --images
 
 
 def default_cases() -> list[Case]:
+    # The cheap encoder streams 100 batches, so the chain's per-batch cost is not swamped by its fill and drain.
     return [Case("efficientnet-lite0", 256, 1), Case("efficientnet-lite0", 512, 1),
-            Case("efficientnet-lite0", 256, 2), Case("tiny", 256, 1)]
+            Case("efficientnet-lite0", 256, 2), Case("tiny", 256, 1, images=25_600)]
 
 
 def images_per_class(images: int) -> int:
@@ -66,6 +73,38 @@ def bare_loop(case: Case, images: int, image_size: int) -> float:
     return time.perf_counter() - start
 
 
+@ray.remote(num_cpus=0)
+class Relay:
+    """A no-op hop: what one actor call costs here when the actor does nothing."""
+
+    def forward(self, batch):
+        return batch
+
+
+def ray_floor(case: Case, images: int, image_size: int, in_flight: int) -> float:
+    """Seconds to push the stream's raw batches through HOPS no-op actors, submitted like the runner does."""
+    ds = load_fashion_mnist()
+    rows = np.concatenate([np.flatnonzero(ds.train_y == c)[:images_per_class(images)] for c in range(10)])
+    batches = [ray.put(S.raw_batch(rows[a:a + case.batch_size], S.IMAGE, ds.train_x[rows[a:a + case.batch_size]],
+                                   ds.train_y[rows[a:a + case.batch_size]], image_shape=(28, 28)))
+               for a in range(0, len(rows), case.batch_size)]
+    relays = [Relay.remote() for _ in range(HOPS)]
+    ray.get([r.forward.remote(None) for r in relays])
+    start = time.perf_counter()
+    pending: list[ray.ObjectRef] = []
+    for batch in batches:
+        for relay in relays:
+            batch = relay.forward.remote(batch)
+        pending.append(batch)
+        if len(pending) > in_flight:
+            ray.get(pending.pop(0))
+    ray.get(pending)
+    seconds = time.perf_counter() - start
+    for relay in relays:
+        ray.kill(relay)
+    return seconds
+
+
 def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: ActorCache) -> dict:
     config = load_config(overrides={
         "stream.tasks": 1, "stream.train_per_class": images_per_class(images), "stream.test_per_class": 20,
@@ -77,13 +116,19 @@ def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: Ac
     return runner.run(config, actors=actors)
 
 
-def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCache) -> dict:
-    bare = bare_loop(case, images, image_size)
+def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCache, repeats: int = 3) -> dict:
+    images = case.images or images
     pipeline_run(case, case.batch_size, image_size, out, actors)  # warm-up: one batch through every actor
-    metrics = pipeline_run(case, images, image_size, out, actors)
+    bares, runs = [], []
+    for _ in range(repeats):  # alternate, so slow spells of the machine hit both sides
+        bares.append(bare_loop(case, images, image_size))
+        runs.append(pipeline_run(case, images, image_size, out, actors))
+    bare = float(np.median(bares))
+    metrics = sorted(runs, key=lambda m: m["wall_seconds"]["stream"])[len(runs) // 2]  # the median run
     wall, busy = metrics["wall_seconds"], metrics["actor_busy_seconds"]
     n = metrics["samples"]["stream"]
     batches = -(-n // case.batch_size)
+    floor = ray_floor(case, images, image_size, RuntimeConfig().max_in_flight)
     encode = sum(v for k, v in busy.items() if k.endswith(".encode"))
     stages = {
         "source": busy.get("source.source", 0.0), "encode": encode,
@@ -98,6 +143,7 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
             "bare_samples_per_s": n / bare, "pipeline_samples_per_s": n / wall["stream"],
             "ratio": bare / wall["stream"], "end_to_end_samples_per_s": n / wall["total"],
             "chain_overhead_ms_per_batch": 1000 * (wall["stream"] - bare) / batches,
+            "ray_floor_ms_per_batch": 1000 * floor / batches, "repeats": repeats,
             **{f"seconds.{k}": v for k, v in stages.items()}, "seconds.stream_wall": wall["stream"],
             "seconds.bare": bare}
 
@@ -134,26 +180,27 @@ def write(rows: list[dict], folder: Path) -> None:
 
 def table(rows: list[dict]) -> str:
     head = ("| encoder | batch | replicas | (a) bare samples/s | (b) pipeline samples/s | (b)/(a) | chain overhead "
-            "ms/batch | source | encode | route | monitor | train | evaluate | Ray overhead (s) |")
+            "ms/batch | Ray floor ms/batch | source | encode | route | monitor | train | evaluate | Ray overhead (s) |")
     lines = [head, "|" + "---|" * 15]
     for r in rows:
         lines.append(
             f"| {r['encoder']} | {r['batch_size']} | {r['replicas']} | {r['bare_samples_per_s']:.0f} | "
             f"{r['pipeline_samples_per_s']:.0f} | {r['ratio']:.3f} | {r['chain_overhead_ms_per_batch']:.1f} | "
+            f"{r['ray_floor_ms_per_batch']:.1f} | "
             + " | ".join(f"{r[f'seconds.{s}']:.2f}" for s in
                          ("source", "encode", "route", "monitor", "train", "evaluate", "ray_overhead")) + " |")
     return "\n".join(lines)
 
 
 def throughput(images: int = 2560, image_size: int = 64, cases: list[Case] | None = None,
-               out: str | Path = "runs/bench", log=print) -> list[dict]:
+               out: str | Path = "runs/bench", repeats: int = 3, log=print) -> list[dict]:
     folder = Path(out) / "throughput"
     runner.ensure_ray(load_config())
     actors = ActorCache()
     rows = []
     try:
         for case in cases or default_cases():
-            rows.append(measure(case, images, image_size, folder / "runs", actors))
+            rows.append(measure(case, images, image_size, folder / "runs", actors, repeats))
             log(f"{case}: ratio {rows[-1]['ratio']:.3f}")
             write(rows, folder)
     finally:
