@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from memcl_ops.causal_lm import LMSpec, load_lm
 from memcl_ops.lm_tasks import LMStreamSpec, build_stream
-from memcl_ops.miita import AdaptConfig, Adaptation, DirectionMemory, MemoryConfig
+from memcl_ops.miita import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
 
 pytestmark = pytest.mark.slow
 
