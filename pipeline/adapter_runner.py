@@ -37,7 +37,7 @@ from memcl_ops.router import RouterConfig
 from memcl_ops.sources import StreamInfo
 from pipeline import checkpoint, report
 from pipeline.config import RunConfig
-from pipeline.progress import Progress
+from pipeline.progress import InFlight, Progress
 
 log = logging.getLogger("memcl")
 
@@ -119,19 +119,13 @@ class AdapterPipeline:
         tests = self.test_refs(task, v, letters)
         ray.get(self.trainer.begin_task.remote(classes, plan, state.best.get(str(task)) if returning else None,
                                                *tests))
-        bar = bars.bar(f"task {task + 1}/{len(info.task_classes)} (visit {v + 1}/{len(info.visits)}) "
-                       f"nsr[{nsr.allocation}]", n)
-        pending: deque = deque()
+        in_flight = InFlight(rt.max_in_flight, bars.bar(f"task {task + 1}/{len(info.task_classes)} "
+                                                        f"(visit {v + 1}/{len(info.visits)}) nsr[{nsr.allocation}]", n))
         for i in range(n):
             if i >= probe_batches:
                 submit(i)
-            pending.append(self.trainer.train.remote(batches.popleft()))
-            if len(pending) > rt.max_in_flight:
-                ray.get(pending.popleft())
-                bar.update(1)
-        ray.get(list(pending))
-        bar.update(len(pending))
-        bar.close()
+            in_flight.add(self.trainer.train.remote(batches.popleft()))
+        in_flight.drain()
         t_train = time.perf_counter()
         ended = ray.get(self.trainer.end_task.remote(self.memory is not None, *tests))
         if self.memory is not None:

@@ -1,9 +1,12 @@
-"""tqdm progress bars per stage, or nothing when disabled (tests, benchmarks)."""
+"""tqdm progress bars per stage, or nothing when disabled (tests, benchmarks), and the bounded window of
+in-flight calls whose completions advance them."""
 
 from __future__ import annotations
 
 import sys
+from collections import deque
 
+import ray
 from tqdm import tqdm
 
 
@@ -28,3 +31,25 @@ class Progress:
     def note(self, message: str) -> None:
         if self.enabled:
             tqdm.write(message, file=sys.stderr)
+
+
+class InFlight:
+    """Backpressure: at most `limit` submitted calls outstanding; waiting on the oldest advances `bar`."""
+
+    def __init__(self, limit: int, bar: tqdm | _Silent):
+        self.limit, self.bar = limit, bar
+        self.pending: deque[ray.ObjectRef] = deque()
+
+    def add(self, ref: ray.ObjectRef) -> None:
+        self.pending.append(ref)
+        if len(self.pending) > self.limit:
+            ray.get(self.pending.popleft())
+            self.bar.update(1)
+
+    def drain(self) -> None:
+        """Wait for every outstanding call, then close the bar."""
+        ray.get(list(self.pending))
+        self.bar.update(len(self.pending))
+        self.pending.clear()
+        self.bar.close()
+

@@ -45,7 +45,7 @@ from pipeline import checkpoint, report
 from pipeline.actor_cache import ActorCache, is_fault
 from pipeline.config import RunConfig, dump_config, load_config
 from pipeline.encoder_pool import EncoderPool
-from pipeline.progress import Progress
+from pipeline.progress import InFlight, Progress
 
 log = logging.getLogger("memcl")
 
@@ -384,24 +384,18 @@ def _round(pipe: Pipeline, info: StreamInfo, state: RunState, batches: list[tupl
     task = info.visits[first]
     what = (f"task {task + 1}/{len(info.task_classes)} (visit {first + 1}/{len(info.visits)})" if first == last
             else f"visits {first + 1}-{last + 1}/{len(info.visits)}")
-    bar = bars.bar(f"{what} stream", len(batches))
+    in_flight = InFlight(rt.max_in_flight, bars.bar(f"{what} stream", len(batches)))
     t_stream = time.perf_counter()
-    pending: deque[ray.ObjectRef] = deque()
     block: list[ray.ObjectRef] = []
     letters: list[ray.ObjectRef] = []
     for v, i in batches:
         sub = pipe.learn_batch(v, i)
         block.append(sub.features)
-        pending.append(sub.tail)
         letters += sub.letters
         if on_batch is not None:
             on_batch(v, i)
-        if len(pending) > rt.max_in_flight:
-            ray.get(pending.popleft())
-            bar.update(1)
-    ray.get(list(pending))
-    bar.update(len(pending))
-    bar.close()
+        in_flight.add(sub.tail)
+    in_flight.drain()
     stream_seconds = time.perf_counter() - t_stream
     consolidation = pipe.consolidate(block)
 
