@@ -19,7 +19,7 @@ import importlib.util
 import os
 import socket
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -169,6 +169,9 @@ def open_clip_encoder(spec: EncoderSpec) -> Encoder:
     std = tuple(cfg.get("std", open_clip.OPENAI_DATASET_STD))
     dim = int(model.visual.output_dim)
     tag = Path(pretrained).name if pretrained else "random"
+    # A ViT's position embeddings fix its input size: images are resized to the model's, whatever image_size says.
+    native = model.visual.image_size
+    spec = replace(spec, image_size=int(native[0] if isinstance(native, (tuple, list)) else native))
     return _TorchImageEncoder(spec, model, mean, std, "_open_clip", dim, f"open_clip:{model_name}:{tag}")
 
 

@@ -71,6 +71,17 @@ def test_open_clip_loads_a_local_checkpoint(tmp_path, fashion_batch):
     assert not np.allclose(other.encode(fashion_batch), feats)
 
 
+def test_open_clip_resizes_to_the_models_own_resolution(tmp_path, fashion_batch):
+    """A ViT's position embeddings fix its input size: the default image_size (64) must not break a 32-px model."""
+    name = _tiny_open_clip_config(tmp_path)
+    torch.manual_seed(0)
+    native = build_encoder(EncoderSpec(f"open_clip:{name}", image_size=32, device="cpu"))
+    torch.manual_seed(0)
+    asked = build_encoder(EncoderSpec(f"open_clip:{name}", image_size=64, device="cpu"))
+    assert asked.id == native.id and asked.id.endswith("@32px")
+    np.testing.assert_array_equal(asked.encode(fashion_batch), native.encode(fashion_batch))
+
+
 def test_open_clip_tag_fails_fast_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
