@@ -2,7 +2,7 @@
 
 One replica per encoder, created exactly as the pipeline's encoder pool creates it (`num_gpus=1` when the cluster
 has GPUs), fed the same raw Fashion-MNIST image batches by reference; after `--warmup` batches, `--batches` are
-timed back to back with the pipeline's bound of 2 calls in flight. The encoders are EfficientNet-Lite0 (ImageNet
+timed back to back with the encoder pool's bound on calls in flight. The encoders are EfficientNet-Lite0 (ImageNet
 weights; `--image-size`) and open_clip ViT-B-16 with random weights at its own 224 px (no network needed; the
 speed is the architecture's).
 
@@ -28,6 +28,8 @@ from actors.encoder import Encoder
 from memcl_ops import schema as S
 from memcl_ops.datasets import load_fashion_mnist
 from memcl_ops.encoders import EncoderSpec
+from pipeline.config import EncoderPoolConfig
+from pipeline.progress import InFlight, Progress
 
 
 def peak_gpu_gib(_actor) -> float:
@@ -46,13 +48,11 @@ def measure(name: str, args: argparse.Namespace, gpus: int) -> dict:
     info = ray.get(encoder.info.remote())
     for _ in range(args.warmup):
         ray.get(encoder.encode.remote(batch)[0])
-    pending: list[ray.ObjectRef] = []
+    window = InFlight(EncoderPoolConfig().max_in_flight, Progress(enabled=False).bar("", args.batches))
     start = time.perf_counter()
     for _ in range(args.batches):
-        pending.append(encoder.encode.remote(batch)[0])
-        if len(pending) > 2:
-            ray.get(pending.pop(0))
-    ray.get(pending)
+        window.add(encoder.encode.remote(batch)[0])
+    window.drain()
     seconds = time.perf_counter() - start
     peak = ray.get(encoder.__ray_call__.remote(peak_gpu_gib))
     ray.kill(encoder)

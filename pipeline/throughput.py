@@ -23,15 +23,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import pyarrow as pa
 import ray
 import torch
 
 from memcl_ops import schema as S
-from memcl_ops.datasets import load_fashion_mnist
-from memcl_ops.encoders import EncoderSpec, build_encoder
+from memcl_ops.datasets import Dataset, load_fashion_mnist
+from memcl_ops.encoders import Encoder, EncoderSpec, build_encoder
 from pipeline import runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RuntimeConfig, load_config
+from pipeline.progress import InFlight, Progress
 
 CORES = 2  # the machine this is measured on; encoder threads are split between replicas
 HOPS = 4  # actor calls per streamed batch: source, encoder, memory.route, monitor.observe
@@ -55,21 +57,21 @@ def images_per_class(images: int) -> int:
     return max(images // 10, 1)
 
 
-def bare_loop(case: Case, images: int, image_size: int) -> float:
+def stream_rows(ds: Dataset, images: int) -> np.ndarray:
+    """The rows the pipeline's one-task stream takes: the first images/10 of each class."""
+    return np.concatenate([np.flatnonzero(ds.train_y == c)[:images_per_class(images)] for c in range(10)])
+
+
+def raw_batch(ds: Dataset, rows: np.ndarray) -> pa.RecordBatch:
+    return S.raw_batch(rows, S.IMAGE, ds.train_x[rows], ds.train_y[rows], image_shape=(28, 28))
+
+
+def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, batch_size: int) -> float:
     """Seconds to encode the stream's images in this process: build each raw batch, call the encoder."""
-    ds = load_fashion_mnist()
-    rows = np.concatenate([np.flatnonzero(ds.train_y == c)[:images_per_class(images)] for c in range(10)])
-    torch.set_num_threads(CORES)
-    encoder = build_encoder(EncoderSpec(case.encoder, image_size=image_size, device="cpu"))
-
-    def encode(batch_rows: np.ndarray) -> None:
-        encoder.encode(S.raw_batch(batch_rows, S.IMAGE, ds.train_x[batch_rows], ds.train_y[batch_rows],
-                                   image_shape=(28, 28)))
-
-    encode(rows[:case.batch_size])  # warm-up, as the pipeline's actors are warmed up before they are timed
+    encoder.encode(raw_batch(ds, rows[:batch_size]))  # warm-up, as the pipeline's actors are before they are timed
     start = time.perf_counter()
-    for a in range(0, len(rows), case.batch_size):
-        encode(rows[a:a + case.batch_size])
+    for a in range(0, len(rows), batch_size):
+        encoder.encode(raw_batch(ds, rows[a:a + batch_size]))
     return time.perf_counter() - start
 
 
@@ -81,24 +83,18 @@ class Relay:
         return batch
 
 
-def ray_floor(case: Case, images: int, image_size: int, in_flight: int) -> float:
+def ray_floor(ds: Dataset, rows: np.ndarray, batch_size: int, in_flight: int) -> float:
     """Seconds to push the stream's raw batches through HOPS no-op actors, submitted like the runner does."""
-    ds = load_fashion_mnist()
-    rows = np.concatenate([np.flatnonzero(ds.train_y == c)[:images_per_class(images)] for c in range(10)])
-    batches = [ray.put(S.raw_batch(rows[a:a + case.batch_size], S.IMAGE, ds.train_x[rows[a:a + case.batch_size]],
-                                   ds.train_y[rows[a:a + case.batch_size]], image_shape=(28, 28)))
-               for a in range(0, len(rows), case.batch_size)]
+    batches = [ray.put(raw_batch(ds, rows[a:a + batch_size])) for a in range(0, len(rows), batch_size)]
     relays = [Relay.remote() for _ in range(HOPS)]
     ray.get([r.forward.remote(None) for r in relays])
+    window = InFlight(in_flight, Progress(enabled=False).bar("", len(batches)))
     start = time.perf_counter()
-    pending: list[ray.ObjectRef] = []
     for batch in batches:
         for relay in relays:
             batch = relay.forward.remote(batch)
-        pending.append(batch)
-        if len(pending) > in_flight:
-            ray.get(pending.pop(0))
-    ray.get(pending)
+        window.add(batch)
+    window.drain()
     seconds = time.perf_counter() - start
     for relay in relays:
         ray.kill(relay)
@@ -118,17 +114,21 @@ def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: Ac
 
 def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCache, repeats: int = 3) -> dict:
     images = case.images or images
+    ds = load_fashion_mnist()
+    rows = stream_rows(ds, images)
+    torch.set_num_threads(CORES)
+    encoder = build_encoder(EncoderSpec(case.encoder, image_size=image_size, device="cpu"))
     pipeline_run(case, case.batch_size, image_size, out, actors)  # warm-up: one batch through every actor
     bares, runs = [], []
     for _ in range(repeats):  # alternate, so slow spells of the machine hit both sides
-        bares.append(bare_loop(case, images, image_size))
+        bares.append(bare_loop(encoder, ds, rows, case.batch_size))
         runs.append(pipeline_run(case, images, image_size, out, actors))
     bare = float(np.median(bares))
     metrics = sorted(runs, key=lambda m: m["wall_seconds"]["stream"])[len(runs) // 2]  # the median run
     wall, busy = metrics["wall_seconds"], metrics["actor_busy_seconds"]
     n = metrics["samples"]["stream"]
     batches = -(-n // case.batch_size)
-    floor = ray_floor(case, images, image_size, RuntimeConfig().max_in_flight)
+    floor = ray_floor(ds, rows, case.batch_size, RuntimeConfig().max_in_flight)
     encode = sum(v for k, v in busy.items() if k.endswith(".encode"))
     stages = {
         "source": busy.get("source.source", 0.0), "encode": encode,
