@@ -67,7 +67,8 @@ class MemoryManager:
                     self.refused_expansions += 1
                     continue
                 self.router.add_slot(e.key)
-                self.expansions.append({"at_sample": self.routed, "slots": self.router.num_slots,
+                self.expansions.append({"at_sample": self.routed, "test_step": e.step,
+                                        "slots": self.router.num_slots,
                                         "successes": e.successes, "trials": e.trials,
                                         "lower_bound": float(e.lower_bound)})
                 self.slot_history.append((self.routed, self.router.num_slots))

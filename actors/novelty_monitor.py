@@ -1,4 +1,5 @@
-"""NoveltyMonitor actor: SGSE over the routing confidences, emitting expansion events."""
+"""NoveltyMonitor actor: SGSE over the routed batches (and, for the reference signal, the frozen features of the
+same batch, passed by object reference in the same call: no extra hop), emitting expansion events."""
 
 from __future__ import annotations
 
@@ -21,17 +22,26 @@ class NoveltyMonitor:
         self.monitor = SGSE(config)
         self.clock = StageClock()
 
-    def observe(self, routed: pa.RecordBatch | None) -> list[Expansion]:
-        """`routed` is MemoryManager.route's output: sample_id, confidence, query (None: nothing to observe)."""
+    def observe(self, routed: pa.RecordBatch | None, features: pa.RecordBatch | None = None) -> list[Expansion]:
+        """`routed` is MemoryManager.route's output: sample_id, confidence, query (None: nothing to observe);
+        `features` the feature batch it was routed from (row for row), for a signal that reads frozen features."""
         if routed is None:
             return []
         with self.clock.time("monitor"):
             confidence = routed.column("confidence").to_numpy()
-            return self.monitor.observe(confidence, S.column_matrix(routed, "query"))
+            frozen = S.features_to_numpy(features) if self.monitor.needs_features else None
+            return self.monitor.observe(confidence, S.column_matrix(routed, "query"), frozen)
 
     def counters(self) -> dict[str, int]:
         m = self.monitor
         return {"steps": m.steps, "tests": m.tests, "expansions": m.expansions}
+
+    def test_steps(self) -> list[int]:
+        """The stream position (samples observed) at which each block test ran."""
+        return list(self.monitor.test_steps)
+
+    def nbytes(self) -> int:
+        return self.monitor.nbytes()
 
     def state(self) -> dict[str, np.ndarray]:
         return self.monitor.state()

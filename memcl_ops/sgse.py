@@ -1,24 +1,25 @@
-"""SGSE: statistically guarded slot expansion (METHODS.md 2.2).
+"""SGSE: statistically guarded slot expansion (docs/methods.md, "SGSE").
 
-A quantile tracker follows the routing confidences s_t:
+Every sample is a Bernoulli trial ("does the memory already cover it?"); trials are tested in non-overlapping
+blocks of n: with k successes, expand iff the one-sided Wilson lower bound LB(k/n; n, z) < τ_exp. The block
+buffer is cleared after every test; after an expansion the next block is a cooldown (collected, not tested).
+The new slot's key is Norm(mean query of the block's failed samples) (the whole block if none failed).
 
-    q_t = window quantile of the last w confidences,   Q_t = β Q_{t-1} + (1-β) q_t
+Two signals decide the trial (`SGSEConfig.signal`):
 
-Each sample is a Bernoulli trial `s_t >= Q_{t-1}` (the threshold from *before* t). Trials are tested
-in non-overlapping blocks of n: with k successes, expand iff the one-sided Wilson lower bound
-LB(k/n; n, z) < τ_exp. The block buffer is cleared after every test; after an expansion the next block
-is a cooldown (collected, not tested). The new slot's key is Norm(mean query of the block's samples
-with s < Q) (the whole block if none).
-
-Orientation (`quantile_mode`):
-* ``"coverage"`` (default): Q tracks the ε-quantile, so under no novelty P(s_t >= Q) ≈ 1-ε = 0.9 and
-  the test "UB(k/n) < 1-ε", i.e. k <= 15 of 20, has false-alarm rate P(Bin(20, .9) <= 15) = 0.043.
-  With n = 20, z = 1.645 it is the same decision as LB(k/n) < τ_exp for τ_exp in (0.568, 0.622].
-* ``"upper"``: the literal "high quantile" reading, Q tracks the (1-ε)-quantile; success probability
-  is then ≈ ε and with the default τ_exp the test fires almost always. Kept as a switch only.
-
-The window quantile is the lower order statistic by default: with w = 10 linear interpolation breaks
-the α guarantee (0.17-0.26 false expansions per test measured, METHODS.md 2.2).
+* ``"paper"``: the routing confidence s_t (top-slot softmax probability) against a quantile tracker
+  q_t = window quantile of the last w confidences, Q_t = β Q_{t-1} + (1-β) q_t; success iff s_t >= Q_{t-1}.
+  Orientation (`quantile_mode`): ``"coverage"`` tracks the ε-quantile, so under no novelty P(s_t >= Q) ≈ 1-ε
+  and the default test (k <= 15 of 20) has false-alarm rate P(Bin(20, .9) <= 15) = 0.043; ``"upper"`` is the
+  literal "high quantile" reading, kept as a switch only. The window quantile is the lower order statistic: with
+  w = 10 linear interpolation breaks the α guarantee.
+* ``"reference"``: a calibrated per-slot reference test on the frozen features z = LN(h). Each expanded slot j
+  keeps its last m assigned features, alternately into a bank B_j and a calibration set C_j; d_j(x) =
+  min_{b in B_j} ||z(x) - b||, and r_j = the κ-th smallest calibration distance, κ the smallest rank for which
+  the Beta-binomial law of a block's successes (the exact finite-sample law of split-conformal coverage) puts
+  at most α on "the block fails the Wilson test". Success iff min_j d_j(x) / ((1 + η) r_j) <= 1. The test reads
+  no trained parameter, so retraining the router cannot change a decision; each recurring task is judged
+  against its own calibrated reference, so a test on data exchangeable with a reference is at level <= α.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Literal
+from functools import lru_cache
+from typing import Literal, Protocol
 
 import numpy as np
 
 QuantileMode = Literal["coverage", "upper"]
+Signal = Literal["paper", "reference"]
+FeatureSpace = Literal["layernorm", "raw"]
 
 
 def wilson_bounds(k: np.ndarray | int, n: int, z: float) -> tuple[np.ndarray, np.ndarray]:
@@ -42,6 +46,36 @@ def wilson_bounds(k: np.ndarray | int, n: int, z: float) -> tuple[np.ndarray, np
     spread = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     denom = 1 + z * z / n
     return (centre - spread) / denom, np.minimum((centre + spread) / denom, 1.0)
+
+
+def max_expanding_successes(n: int, z: float, tau_exp: float) -> int:
+    """The largest k for which a block of n trials with k successes expands (-1: no block expands)."""
+    lower, _ = wilson_bounds(np.arange(n + 1), n, z)
+    expanding = np.flatnonzero(lower < tau_exp)
+    return int(expanding.max()) if expanding.size else -1
+
+
+def beta_binomial_cdf(k: int, n: int, a: float, b: float) -> float:
+    """P(K <= k) for K ~ BetaBinomial(n, a, b)."""
+    def log_beta(x: float, y: float) -> float:
+        return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
+    log_norm = math.lgamma(n + 1) - log_beta(a, b)
+    return float(sum(math.exp(log_norm - math.lgamma(i + 1) - math.lgamma(n - i + 1) + log_beta(i + a, n - i + b))
+                     for i in range(k + 1)))
+
+
+@lru_cache(maxsize=4096)
+def conformal_rank(calibration: int, n: int, max_k: int, alpha: float) -> int | None:
+    """The smallest rank κ in 1..c such that, with the threshold at the κ-th smallest of c calibration scores, a
+    block of n exchangeable trials fails the Wilson test (<= max_k successes) with probability <= α. The coverage
+    of that threshold is Beta(κ, c + 1 - κ)-distributed, so the block's successes are Beta-binomial. None: no rank
+    is safe (too few calibration rows; such a reference accepts nothing)."""
+    if max_k < 0:
+        return 1 if calibration else None
+    for kappa in range(1, calibration + 1):
+        if beta_binomial_cdf(max_k, n, kappa, calibration + 1 - kappa) <= alpha:
+            return kappa
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,6 +90,12 @@ class SGSEConfig:
     max_slots: int = 512  # S_max safety cap [R]
     quantile_mode: QuantileMode = "coverage"  # [R] see module docstring
     window_quantile: str = "lower"  # numpy quantile method for q_t [R]
+    signal: Signal = "reference"  # what a trial reads: the paper's routing confidence, or frozen-feature references [R]
+    reference_size: int = 64  # m: the last m features kept per expanded slot (half bank, half calibration) [R]
+    slack: float = 0.1  # η: acceptance radius (1 + η) r_j, for drift between visits [R]
+    alpha: float = 0.05  # level of each block test under the reference signal [R]
+    feature_space: FeatureSpace = "layernorm"  # z = LN(h) (scale-free) or the raw features h [R]
+    fill_blocks: int = 2  # extra cooldown blocks while a new reference is still too small to accept anything [R]
 
     def __post_init__(self) -> None:
         if not 0 < self.epsilon < 1 or not 0 <= self.beta < 1:
@@ -64,6 +104,12 @@ class SGSEConfig:
             raise ValueError(f"quantile_mode must be 'coverage' or 'upper', got {self.quantile_mode!r}")
         if self.window < 1 or self.block_size < 1:
             raise ValueError("window and block_size must be >= 1")
+        if self.signal not in ("paper", "reference"):
+            raise ValueError(f"signal must be 'paper' or 'reference', got {self.signal!r}")
+        if self.feature_space not in ("layernorm", "raw"):
+            raise ValueError(f"feature_space must be 'layernorm' or 'raw', got {self.feature_space!r}")
+        if self.reference_size < 2 or self.slack < 0 or not 0 < self.alpha < 1 or self.fill_blocks < 0:
+            raise ValueError("SGSE needs reference_size >= 2, slack >= 0, 0 < alpha < 1 and fill_blocks >= 0")
 
 
 class QuantileTracker:
@@ -100,81 +146,319 @@ class Expansion:
     successes: int
     trials: int
     lower_bound: float
-    step: int
+    step: int  # samples observed when the test ran (its block ends here)
+
+
+class TrialSignal(Protocol):
+    """What decides each sample's trial; the block test around it is the same for every signal."""
+
+    needs_features: bool  # whether `trials` reads the frozen features
+
+    def trials(self, confidences: np.ndarray, features: np.ndarray | None) -> np.ndarray:
+        """Outcomes for the samples, in order (may be fewer: the first ones of the stream can be warm-up)."""
+
+    def warmup_left(self) -> int:
+        """Samples still needed before trials start."""
+
+    def end_block(self, features: np.ndarray | None, trials: np.ndarray, outcome: str) -> None:
+        """A block ended: `outcome` is "passed", "expanded" or "cooldown"; `features` are the trial samples'."""
+
+    def still_filling(self) -> bool:
+        """True while the newest expansion's evidence is too thin to judge by (extends the cooldown)."""
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
+    def restore(self, state: dict[str, np.ndarray]) -> None: ...
+
+    def nbytes(self) -> int: ...
+
+
+class ConfidenceSignal:
+    """The paper's trial: routing confidence against the tracked quantile from before the sample."""
+
+    needs_features = False
+
+    def __init__(self, config: SGSEConfig):
+        level = config.epsilon if config.quantile_mode == "coverage" else 1 - config.epsilon
+        self.tracker = QuantileTracker(config.beta, config.window, level, config.window_quantile)
+
+    def warmup_left(self) -> int:
+        return 0 if self.tracker.ready else self.tracker.values.maxlen - len(self.tracker.values)
+
+    def trials(self, confidences: np.ndarray, features: np.ndarray | None) -> np.ndarray:
+        out = []
+        for s in np.asarray(confidences, dtype=np.float64):
+            threshold_before = self.tracker.threshold if self.tracker.ready else None
+            self.tracker.update(float(s))
+            if threshold_before is not None:
+                out.append(bool(s >= threshold_before))
+        return np.array(out, dtype=bool)
+
+    def end_block(self, features: np.ndarray | None, trials: np.ndarray, outcome: str) -> None:
+        return None
+
+    def still_filling(self) -> bool:
+        return False
+
+    def state(self) -> dict[str, np.ndarray]:
+        t = self.tracker
+        return {"window": np.fromiter(t.values, dtype=np.float64),
+                "threshold": np.array(np.nan if t.threshold is None else t.threshold)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.tracker.values.clear()
+        self.tracker.values.extend(float(v) for v in state["window"])
+        threshold = float(state["threshold"])
+        self.tracker.threshold = None if math.isnan(threshold) else threshold
+
+    def nbytes(self) -> int:
+        return self.tracker.values.maxlen * 8 + 8
+
+
+class Reference:
+    """The last m frozen features assigned to one expanded slot: alternately bank and calibration rows, and the
+    conformal radius r read off the calibration rows' distances to the bank."""
+
+    def __init__(self, size: int, dim: int, block_size: int, max_k: int, alpha: float):
+        self.half = size // 2
+        self.block_size, self.max_k, self.alpha = block_size, max_k, alpha
+        self.bank = np.zeros((0, dim), np.float32)
+        self.calibration = np.zeros((0, dim), np.float32)
+        self.added = 0  # rows ever added (its parity picks bank or calibration)
+        self.radius = 0.0  # 0 while too small to accept anything
+
+    def add(self, rows: np.ndarray) -> None:
+        if not len(rows):
+            return
+        parity = (self.added + np.arange(len(rows))) % 2
+        self.bank = np.concatenate([self.bank, rows[parity == 0]])[-self.half:]
+        self.calibration = np.concatenate([self.calibration, rows[parity == 1]])[-self.half:]
+        self.added += len(rows)
+        self._calibrate()
+
+    def _calibrate(self) -> None:
+        kappa = conformal_rank(len(self.calibration), self.block_size, self.max_k, self.alpha)
+        if kappa is None or not len(self.bank):
+            self.radius = 0.0
+            return
+        scores = np.sort(self.distance(self.calibration))
+        self.radius = float(scores[kappa - 1])
+
+    def distance(self, z: np.ndarray) -> np.ndarray:
+        """min over the bank of ||z - b|| per row of z."""
+        squared = (z * z).sum(1)[:, None] + (self.bank * self.bank).sum(1)[None, :] - 2.0 * z @ self.bank.T
+        return np.sqrt(np.maximum(squared.min(axis=1), 0.0))
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"bank": self.bank, "calibration": self.calibration, "added": np.array(self.added)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray], size: int, block_size: int, max_k: int, alpha: float
+                   ) -> Reference:
+        ref = cls(size, state["bank"].shape[1], block_size, max_k, alpha)
+        ref.bank, ref.calibration = np.array(state["bank"]), np.array(state["calibration"])
+        ref.added = int(state["added"])
+        ref._calibrate()
+        return ref
+
+    def nbytes(self) -> int:
+        return self.bank.nbytes + self.calibration.nbytes + 8
+
+
+class ReferenceSignal:
+    """Calibrated per-slot reference test on frozen features (module docstring)."""
+
+    needs_features = True
+
+    def __init__(self, config: SGSEConfig):
+        self.config = config
+        self.max_k = max_expanding_successes(config.block_size, config.z, config.tau_exp)
+        self.references: list[Reference] = []
+
+    def _new_reference(self, dim: int) -> Reference:
+        c = self.config
+        return Reference(c.reference_size, dim, c.block_size, self.max_k, c.alpha)
+
+    def scores(self, z: np.ndarray) -> np.ndarray:
+        """d_j(x) / ((1 + η) r_j) per sample and reference (inf where a reference accepts nothing)."""
+        out = np.full((len(z), len(self.references)), np.inf)
+        active = [j for j, ref in enumerate(self.references) if ref.radius > 0]
+        if not active:
+            return out
+        # one product against all banks at once, then the minimum within each bank's columns
+        banks = [self.references[j].bank for j in active]
+        stacked = np.concatenate(banks)
+        squared = (z * z).sum(1)[:, None] + (stacked * stacked).sum(1)[None, :] - 2.0 * z @ stacked.T
+        starts = np.cumsum([0, *(len(b) for b in banks[:-1])])
+        nearest = np.sqrt(np.maximum(np.minimum.reduceat(squared, starts, axis=1), 0.0))
+        radii = np.array([self.references[j].radius for j in active])
+        out[:, active] = nearest / ((1 + self.config.slack) * radii)
+        return out
+
+    def warmup_left(self) -> int:
+        return 0
+
+    def trials(self, confidences: np.ndarray, features: np.ndarray | None) -> np.ndarray:
+        if features is None:
+            raise ValueError("the reference signal needs the frozen features of every observed sample")
+        if not self.references:
+            return np.zeros(len(features), dtype=bool)
+        return self.scores(features).min(axis=1) <= 1.0
+
+    def end_block(self, features: np.ndarray | None, trials: np.ndarray, outcome: str) -> None:
+        if outcome == "expanded":  # the new slot's reference starts from the samples nothing covered
+            ref = self._new_reference(features.shape[1])
+            ref.add(features[~trials] if (~trials).any() else features)
+            self.references.append(ref)
+            return
+        if not self.references:
+            return
+        # a passing block's rows join their nearest reference (a passing block has an active one, so every score
+        # row is finite); in a cooldown block what no reference covers fills the newest one
+        nearest = self.scores(features).argmin(axis=1)
+        if outcome == "cooldown":
+            nearest = np.where(trials, nearest, len(self.references) - 1)
+        for j in np.unique(nearest):
+            self.references[j].add(features[nearest == j])
+
+    def still_filling(self) -> bool:
+        return bool(self.references) and self.references[-1].radius == 0.0
+
+    def state(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {"references": np.array(len(self.references))}
+        for j, ref in enumerate(self.references):
+            out.update({f"ref{j}.{k}": v for k, v in ref.state().items()})
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        c = self.config
+        self.references = [
+            Reference.from_state({k: state[f"ref{j}.{k}"] for k in ("bank", "calibration", "added")},
+                                 c.reference_size, c.block_size, self.max_k, c.alpha)
+            for j in range(int(state["references"]))]
+
+    def nbytes(self) -> int:
+        return sum(ref.nbytes() for ref in self.references)
+
+
+def frozen_features(h: np.ndarray, space: FeatureSpace) -> np.ndarray:
+    """z: what the reference signal compares. LN(h) without affine (as the router's h̃ uses), or h itself."""
+    h = np.asarray(h, dtype=np.float32)
+    if space == "raw":
+        return h
+    mean = h.mean(axis=1, keepdims=True)
+    var = h.var(axis=1, keepdims=True)
+    return (h - mean) / np.sqrt(var + 1e-5)
 
 
 class NoveltyMonitor:
-    """SGSE over a stream of (confidence, query) pairs. Ray-free; the NoveltyMonitor actor wraps it."""
+    """SGSE over a stream of (confidence, query[, features]) rows. Ray-free; the NoveltyMonitor actor wraps it."""
 
     def __init__(self, config: SGSEConfig = SGSEConfig()):
         self.config = config
-        level = config.epsilon if config.quantile_mode == "coverage" else 1 - config.epsilon
-        self.tracker = QuantileTracker(config.beta, config.window, level, config.window_quantile)
+        self.signal: TrialSignal = ReferenceSignal(config) if config.signal == "reference" else ConfidenceSignal(
+            config)
         self.trials: list[bool] = []  # the current block's Bernoulli outcomes
         self.block_queries: list[np.ndarray] = []  # their queries, for the new slot's key
+        self.block_features: list[np.ndarray] = []  # their frozen features (reference signal)
         self.cooldown = 0
+        self.filling = 0  # cooldown blocks added while the newest reference fills
         self.steps = 0
         self.tests = 0
         self.expansions = 0
+        self.test_steps: list[int] = []  # when each test ran (for per-regime false-expansion rates)
 
-    def observe(self, confidences: np.ndarray, queries: np.ndarray) -> list[Expansion]:
-        """Feed a batch in stream order; returns the expansions it triggered (usually none)."""
+    @property
+    def needs_features(self) -> bool:
+        return self.signal.needs_features
+
+    def observe(self, confidences: np.ndarray, queries: np.ndarray, features: np.ndarray | None = None
+                ) -> list[Expansion]:
+        """Feed a batch in stream order (`features`: the raw frozen features h, for the reference signal);
+        returns the expansions it triggered (usually none)."""
         cfg = self.config
+        confidences, queries = np.asarray(confidences, dtype=np.float64), np.asarray(queries)
+        z = frozen_features(features, cfg.feature_space) if features is not None else None
         found: list[Expansion] = []
-        for s, q in zip(np.asarray(confidences, dtype=np.float64), np.asarray(queries)):
-            threshold_before = self.tracker.threshold if self.tracker.ready else None
-            self.tracker.update(float(s))
-            self.steps += 1
-            if threshold_before is None:
-                continue
-            self.trials.append(bool(s >= threshold_before))
-            self.block_queries.append(q)
-            if len(self.trials) < cfg.block_size:
-                continue
-            if self.cooldown > 0:
-                self.cooldown -= 1
-            else:
-                expansion = self._test()
+        start = 0
+        while start < len(confidences):
+            # up to the end of the current block (plus any warm-up): within it no reference changes
+            end = min(start + self.signal.warmup_left() + cfg.block_size - len(self.trials), len(confidences))
+            outcomes = self.signal.trials(confidences[start:end], None if z is None else z[start:end])
+            first = end - len(outcomes)  # the chunk's first sample that is a trial
+            self.steps += first - start
+            for offset, ok in enumerate(outcomes):
+                self.trials.append(bool(ok))
+                self.block_queries.append(queries[first + offset])
+                if z is not None:
+                    self.block_features.append(z[first + offset])
+            self.steps += len(outcomes)
+            start = end
+            if len(self.trials) == cfg.block_size:
+                expansion = self._end_block()
                 if expansion is not None:
                     found.append(expansion)
-            self.trials.clear()
-            self.block_queries.clear()
         return found
 
-    def _test(self) -> Expansion | None:
+    def _end_block(self) -> Expansion | None:
         cfg = self.config
-        k, n = sum(self.trials), len(self.trials)
+        trials = np.array(self.trials, dtype=bool)
+        features = np.stack(self.block_features) if self.block_features else None
+        expansion = None
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            self.signal.end_block(features, trials, "cooldown")
+            if self.cooldown == 0 and self.filling < cfg.fill_blocks and self.signal.still_filling():
+                self.cooldown, self.filling = 1, self.filling + 1
+        else:
+            expansion = self._test(trials)
+            self.signal.end_block(features, trials, "passed" if expansion is None else "expanded")
+        self.trials.clear()
+        self.block_queries.clear()
+        self.block_features.clear()
+        return expansion
+
+    def _test(self, trials: np.ndarray) -> Expansion | None:
+        cfg = self.config
+        k, n = int(trials.sum()), len(trials)
         self.tests += 1
+        self.test_steps.append(self.steps)
         lower, _ = wilson_bounds(k, n, cfg.z)
         if not lower < cfg.tau_exp:
             return None
         self.expansions += 1
-        self.cooldown = cfg.cooldown_blocks
-        # Failures of the trial are exactly the samples with s < Q (the block's low-confidence ones).
-        low = [q for q, ok in zip(self.block_queries, self.trials) if not ok]
+        self.cooldown, self.filling = cfg.cooldown_blocks, 0
+        low = [q for q, ok in zip(self.block_queries, trials) if not ok]
         mean = np.mean(np.stack(low or self.block_queries), axis=0)
         key = mean / (np.linalg.norm(mean) + 1e-8)
         return Expansion(key.astype(np.float32), k, n, float(lower), self.steps)
 
+    def nbytes(self) -> int:
+        """Bytes the monitor keeps between batches (the references, or the tracker's window)."""
+        return self.signal.nbytes()
+
     def state(self) -> dict[str, np.ndarray]:
         width = len(self.block_queries[0]) if self.block_queries else 0
+        fwidth = len(self.block_features[0]) if self.block_features else 0
         return {
-            "window": np.fromiter(self.tracker.values, dtype=np.float64),
-            "threshold": np.array(np.nan if self.tracker.threshold is None else self.tracker.threshold),
+            **{f"signal.{k}": v for k, v in self.signal.state().items()},
             "trials": np.array(self.trials, dtype=bool),
             "block_queries": (np.stack(self.block_queries) if self.block_queries
                               else np.zeros((0, width), np.float32)),
-            "counters": np.array([self.cooldown, self.steps, self.tests, self.expansions], dtype=np.int64),
+            "block_features": (np.stack(self.block_features) if self.block_features
+                               else np.zeros((0, fwidth), np.float32)),
+            "counters": np.array([self.cooldown, self.filling, self.steps, self.tests, self.expansions],
+                                 dtype=np.int64),
+            "test_steps": np.array(self.test_steps, dtype=np.int64),
             "config": np.array(repr(sorted(asdict(self.config).items()))),
         }
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         if str(state["config"]) != repr(sorted(asdict(self.config).items())):
             raise ValueError("SGSE state was saved under a different configuration")
-        self.tracker.values.clear()
-        self.tracker.values.extend(float(v) for v in state["window"])
-        threshold = float(state["threshold"])
-        self.tracker.threshold = None if math.isnan(threshold) else threshold
+        self.signal.restore({k[7:]: v for k, v in state.items() if k.startswith("signal.")})
         self.trials = [bool(t) for t in state["trials"]]
         self.block_queries = list(np.asarray(state["block_queries"]))
-        self.cooldown, self.steps, self.tests, self.expansions = (int(v) for v in state["counters"])
+        self.block_features = list(np.asarray(state["block_features"]))
+        self.cooldown, self.filling, self.steps, self.tests, self.expansions = (int(v) for v in state["counters"])
+        self.test_steps = [int(s) for s in state["test_steps"]]

@@ -153,7 +153,8 @@ class Pipeline:
         if self.spec.memory:
             tail = routed = self.memory.route.remote(feats, self.expansions)
             if self.monitor is not None:
-                tail = self.expansions = self.monitor.observe.remote(routed)
+                frozen = feats if self.method.sgse.signal == "reference" else None
+                tail = self.expansions = self.monitor.observe.remote(routed, frozen)
         return Submitted(feats, tail, letters)
 
     def apply_expansions(self) -> None:
@@ -196,6 +197,13 @@ class Pipeline:
             counts = np.array(ray.get(parts)).reshape(-1, 2).sum(axis=0)
             accuracy[t] = float(counts[0] / counts[1]) if counts[1] else float("nan")
         return accuracy, letters
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes of all persistent memory: the MemoryManager's stores and the novelty monitor's references."""
+        report = ray.get(self.memory.memory_report.remote()) if self.memory is not None else {}
+        if self.monitor is not None:
+            report["monitor"] = ray.get(self.monitor.nbytes.remote())
+        return report
 
     def state(self) -> dict[str, checkpoint.State]:
         return dict(zip(self.roles, ray.get([getattr(self, r).state.remote() for r in self.roles])))
@@ -432,7 +440,7 @@ def _commit_round(pipe: Pipeline, info: StreamInfo, state: RunState, r: int, out
         pq.write_table(dead, run_dir / "dead_letters" / f"round-{r:06d}.parquet")  # a replay overwrites, never adds
         for reason, count in Counter(dead.column("reason").to_pylist()).items():
             state.refused[reason] = state.refused.get(reason, 0) + count
-    memory = ray.get(pipe.memory.memory_report.remote()) if pipe.memory is not None else {}
+    memory = pipe.memory_report()
     evaluated = [a for a in accuracy.values() if not np.isnan(a)]
     state.round_log.append({"round": r, "visits_ended": outcome["ended"], "batches": outcome["batches"],
                             "accuracy": accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated else None,
@@ -452,7 +460,7 @@ def collect_metrics(config: RunConfig, pipe: Pipeline, info: StreamInfo, state: 
     learned = ray.get(pipe.stage2.learned_ids.remote())
     history = ray.get(pipe.memory.history.remote()) if pipe.spec.memory else {}
     monitor = ray.get(pipe.monitor.counters.remote()) if pipe.monitor is not None else {}
-    memory = ray.get(pipe.memory.memory_report.remote()) if pipe.memory is not None else {}
+    memory = pipe.memory_report()
     head_bytes = ray.get(pipe.stage2.memory_bytes.remote())
     timings = pipe.timings()
     busy = {f"{actor}.{stage}": v["seconds"] for actor, stages in timings.items() for stage, v in stages.items()}

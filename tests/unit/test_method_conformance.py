@@ -65,7 +65,8 @@ class LocalMethod:
                     query, probs = self.memory.route(batch)
                     self.memory.update_anchor_stats(batch)
                     if self.monitor is not None:
-                        for expansion in self.monitor.observe(probs.max(dim=1).values.numpy(), query.numpy()):
+                        for expansion in self.monitor.observe(probs.max(dim=1).values.numpy(), query.numpy(),
+                                                              batch.numpy()):
                             self.memory.add_slot(expansion.key)
         if self.spec.stage1:
             train_stage1(self.memory, x, y, self.config.stage1, seed=self.seed * 100_003 + self.rounds)

@@ -1,9 +1,14 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from memcl_ops.sgse import NoveltyMonitor, SGSEConfig, wilson_bounds
 
-# METHODS.md 2.2, n = 20, z = 1.645
+# The paper's confidence-quantile signal; the reference signal is tested in test_sgse_reference.py.
+PAPER = SGSEConfig(signal="paper")
+
+# docs/methods.md (SGSE), n = 20, z = 1.645
 TABLE = {12: (.419, .758), 13: (.467, .798), 14: (.516, .836), 15: (.568, .873), 16: (.622, .907),
          17: (.678, .938), 18: (.738, .966), 19: (.804, .989), 20: (.881, 1.0)}
 
@@ -51,7 +56,7 @@ def test_false_expansion_rate_on_stationary_streams(name):
     tests = expansions = 0
     for seed in range(5):
         rng = np.random.default_rng(seed)
-        monitor = NoveltyMonitor()
+        monitor = NoveltyMonitor(PAPER)
         s = DISTRIBUTIONS[name](rng, 5000)
         monitor.observe(s, np.zeros((len(s), 2)))
         tests += monitor.tests
@@ -63,7 +68,7 @@ def test_false_expansion_rate_on_stationary_streams(name):
 
 def test_fast_lower_quantile_matches_numpy():
     rng = np.random.default_rng(2)
-    fast = NoveltyMonitor().tracker
+    fast = NoveltyMonitor(PAPER).signal.tracker
     for value in rng.uniform(size=50):
         fast.update(float(value))
         window = np.fromiter(fast.values, float)
@@ -74,7 +79,7 @@ def test_interpolated_window_quantile_breaks_the_guarantee():
     """The documented reason for the lower order statistic: w = 10 with interpolation over-fires."""
     rng = np.random.default_rng(0)
     s = rng.beta(8, 2, 20000)
-    monitor = NoveltyMonitor(SGSEConfig(window_quantile="linear"))
+    monitor = NoveltyMonitor(replace(PAPER, window_quantile="linear"))
     monitor.observe(s, np.zeros((len(s), 1)))
     assert monitor.expansions / monitor.tests > 0.1
 
@@ -83,7 +88,7 @@ def test_abrupt_drop_is_detected_within_three_blocks():
     trials, detected = 200, 0
     for seed in range(trials):
         rng = np.random.default_rng(1000 + seed)
-        monitor = NoveltyMonitor()
+        monitor = NoveltyMonitor(PAPER)
         monitor.observe(rng.beta(8, 2, 1000), np.zeros((1000, 2)))
         tests_before, expansions_before = monitor.tests, monitor.expansions
         after = rng.beta(2, 5, 400)
@@ -97,7 +102,7 @@ def test_abrupt_drop_is_detected_within_three_blocks():
 
 
 def test_new_slot_key_is_mean_of_low_confidence_queries():
-    cfg = SGSEConfig(window=1, beta=0.0, block_size=4, cooldown_blocks=0)
+    cfg = replace(PAPER, window=1, beta=0.0, block_size=4, cooldown_blocks=0)
     monitor = NoveltyMonitor(cfg)
     # window 1, beta 0: the threshold before t is s_{t-1}; trials: 0.5>=0.9? no, 0.95>=0.5 yes, ...
     s = np.array([0.9, 0.5, 0.95, 0.2, 0.1])
@@ -109,7 +114,7 @@ def test_new_slot_key_is_mean_of_low_confidence_queries():
 
 
 def test_cooldown_skips_one_block_after_expansion():
-    monitor = NoveltyMonitor(SGSEConfig(block_size=5))
+    monitor = NoveltyMonitor(replace(PAPER, block_size=5))
     rng = np.random.default_rng(0)
     monitor.observe(rng.beta(8, 2, 100), np.zeros((100, 1)))
     tests = monitor.tests
@@ -126,7 +131,7 @@ def test_quantile_orientations():
     s = rng.uniform(size=20000)
     rates = {}
     for mode in ("coverage", "upper"):
-        monitor = NoveltyMonitor(SGSEConfig(quantile_mode=mode, window=200, block_size=10**9))
+        monitor = NoveltyMonitor(replace(PAPER, quantile_mode=mode, window=200, block_size=10**9))
         monitor.observe(s, np.zeros((len(s), 1)))
         rates[mode] = np.mean(monitor.trials)
     assert abs(rates["coverage"] - 0.9) < 0.02 and abs(rates["upper"] - 0.1) < 0.02
@@ -136,9 +141,9 @@ def test_state_roundtrip_continues_identically():
     rng = np.random.default_rng(5)
     s = np.concatenate([rng.beta(8, 2, 537), rng.beta(2, 5, 300)])
     q = rng.normal(size=(len(s), 3))
-    a = NoveltyMonitor()
+    a = NoveltyMonitor(PAPER)
     a.observe(s[:401], q[:401])
-    b = NoveltyMonitor()
+    b = NoveltyMonitor(PAPER)
     b.restore({k: v.copy() for k, v in a.state().items()})
     ea, eb = a.observe(s[401:], q[401:]), b.observe(s[401:], q[401:])
     assert len(ea) == len(eb) >= 1
@@ -146,4 +151,4 @@ def test_state_roundtrip_continues_identically():
         np.testing.assert_array_equal(x.key, y.key)
         assert x.step == y.step
     with pytest.raises(ValueError, match="different configuration"):
-        NoveltyMonitor(SGSEConfig(z=2.0)).restore(a.state())
+        NoveltyMonitor(replace(PAPER, z=2.0)).restore(a.state())
