@@ -253,6 +253,11 @@ class DriftStream:
                 visits.append(int(rng.integers(introduced)))
         return visits
 
+    def novel_visits(self) -> list[int]:
+        """The visits that start a novel regime: each task's first visit and each abrupt shift."""
+        first = {task: v for v, task in reversed(list(enumerate(self.visits)))}
+        return sorted(set(first.values()) | set(self.shift_visits))
+
     def classes(self, task: int) -> list[int]:
         k = self.spec.classes_per_task
         return list(range(task * k, (task + 1) * k))
@@ -266,7 +271,7 @@ class DriftStream:
             visit_batches=[per_visit] * s.visits, test_batches=[int(np.ceil(s.test_per_task / s.batch_size))] * s.tasks,
             num_samples=s.visits * s.train_per_visit, labels=list(range(s.tasks * s.classes_per_task)),
             fingerprint=_fingerprint([np.asarray(self.visits), self.means[-1]]), feature_dim=s.dim,
-            novel_shifts=len(set(self.visits)) + len(self.shift_visits),
+            novel_shifts=len(self.novel_visits()),
             extra={"shift_visits": self.shift_visits})
 
     def _draw(self, visit: int, task: int, n: int, key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
