@@ -274,6 +274,7 @@ class ReferenceSignal:
         self.config = config
         self.max_k = max_expanding_successes(config.block_size, config.z, config.tau_exp)
         self.references: list[Reference] = []
+        self._stacked: tuple | None = None  # cache of `_stack`
 
     def _new_reference(self, dim: int) -> Reference:
         c = self.config
@@ -282,18 +283,24 @@ class ReferenceSignal:
     def scores(self, z: np.ndarray) -> np.ndarray:
         """d_j(x) / ((1 + η) r_j) per sample and reference (inf where a reference accepts nothing)."""
         out = np.full((len(z), len(self.references)), np.inf)
-        active = [j for j, ref in enumerate(self.references) if ref.radius > 0]
+        if self._stacked is None:
+            self._stack()
+        active, stacked, norms, starts, scale = self._stacked
         if not active:
             return out
         # one product against all banks at once, then the minimum within each bank's columns
-        banks = [self.references[j].bank for j in active]
-        stacked = np.concatenate(banks)
-        squared = (z * z).sum(1)[:, None] + (stacked * stacked).sum(1)[None, :] - 2.0 * z @ stacked.T
-        starts = np.cumsum([0, *(len(b) for b in banks[:-1])])
-        nearest = np.sqrt(np.maximum(np.minimum.reduceat(squared, starts, axis=1), 0.0))
-        radii = np.array([self.references[j].radius for j in active])
-        out[:, active] = nearest / ((1 + self.config.slack) * radii)
+        squared = (z * z).sum(1)[:, None] + norms[None, :] - 2.0 * z @ stacked.T
+        out[:, active] = np.sqrt(np.maximum(np.minimum.reduceat(squared, starts, axis=1), 0.0)) / scale
         return out
+
+    def _stack(self) -> None:
+        """The active references' banks as one matrix (rebuilt only when a reference changed)."""
+        active = [j for j, ref in enumerate(self.references) if ref.radius > 0]
+        banks = [self.references[j].bank for j in active]
+        stacked = np.concatenate(banks) if banks else np.zeros((0, 0), np.float32)
+        starts = np.cumsum([0, *(len(b) for b in banks[:-1])])
+        scale = (1 + self.config.slack) * np.array([self.references[j].radius for j in active])
+        self._stacked = (active, stacked, (stacked * stacked).sum(1), starts, scale)
 
     def warmup_left(self) -> int:
         return 0
@@ -306,6 +313,10 @@ class ReferenceSignal:
         return self.scores(features).min(axis=1) <= 1.0
 
     def end_block(self, features: np.ndarray | None, trials: np.ndarray, outcome: str) -> None:
+        self._update(features, trials, outcome)
+        self._stacked = None
+
+    def _update(self, features: np.ndarray, trials: np.ndarray, outcome: str) -> None:
         if outcome == "expanded":  # the new slot's reference starts from the samples nothing covered
             ref = self._new_reference(features.shape[1])
             ref.add(features[~trials] if (~trials).any() else features)
@@ -336,6 +347,7 @@ class ReferenceSignal:
             Reference.from_state({k: state[f"ref{j}.{k}"] for k in ("bank", "calibration", "added")},
                                  c.reference_size, c.block_size, self.max_k, c.alpha)
             for j in range(int(state["references"]))]
+        self._stacked = None
 
     def nbytes(self) -> int:
         return sum(ref.nbytes() for ref in self.references)

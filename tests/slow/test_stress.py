@@ -1,5 +1,6 @@
 """Long horizon through the real actor pipeline (run with `pytest -m stress`): memory stays bounded, every sample is
-learned exactly once, and SGSE's slot bound, which the method as specified does not meet on recurring tasks."""
+learned exactly once, and SGSE keeps its guarantees with the reference signal (the paper's signal does not on
+recurring tasks: kept as a measured expected failure)."""
 
 import csv
 from pathlib import Path
@@ -11,24 +12,41 @@ from pipeline.stress import stress
 pytestmark = [pytest.mark.stress, pytest.mark.ray]
 
 
+def long_run(signal: str, task_free: bool, actors, tmp_path_factory) -> dict:
+    return stress(300, task_free, {"runtime.out": str(tmp_path_factory.mktemp("stress")),
+                                   "method.sgse.signal": signal}, actors=actors)
+
+
 @pytest.fixture(scope="module", params=[False, True], ids=["task-aware", "task-free"])
-def long_run(request, actors, tmp_path_factory):
-    return stress(300, request.param, {"runtime.out": str(tmp_path_factory.mktemp("stress"))}, actors=actors)
+def reference_run(request, actors, tmp_path_factory):
+    return long_run("reference", request.param, actors, tmp_path_factory)
 
 
-def test_long_drift_stream_keeps_memory_bounded_and_learns_every_sample_once(long_run):
-    assert long_run["rss_holds"], long_run["rss_growth_10_to_100pct"]
-    assert long_run["slots"]["final"] > long_run["slots"]["initial"]  # it did grow for the injected novelty
-    with open(Path(long_run["run_dir"]) / "stress.csv") as f:
+@pytest.fixture(scope="module")
+def paper_run(actors, tmp_path_factory):
+    return long_run("paper", False, actors, tmp_path_factory)
+
+
+def test_long_drift_stream_keeps_memory_bounded_and_learns_every_sample_once(reference_run):
+    assert reference_run["rss_holds"], reference_run["rss_growth_10_to_100pct"]
+    with open(Path(reference_run["run_dir"]) / "stress.csv") as f:
         rows = list(csv.DictReader(f))
     # sampled every few rounds (task-free rounds hold several visits), enough to see tenths of the stream
-    assert len(rows) >= 20 and int(rows[-1]["samples"]) == long_run["samples"]["stream"]
-    samples = long_run["samples"]
+    assert len(rows) >= 20 and int(rows[-1]["samples"]) == reference_run["samples"]["stream"]
+    samples = reference_run["samples"]
     assert samples["learned"] == samples["unique_learned"] == samples["stream"]
+    assert reference_run["throughput"]["holds"], reference_run["throughput"]
 
 
-@pytest.mark.xfail(strict=True, reason="SGSE's bound fails on recurring tasks (155 > 125.8 at 300 visits); "
-                                       "benchmarks/RESULTS.md, 'Long horizon', says why and what was tried")
-def test_slot_count_stays_within_the_sgse_bound(long_run):
-    slots = long_run["slots"]
-    assert slots["final"] <= slots["bound"], slots  # SGSE: E[S_T] <= S0 + N_T + alpha*M
+def test_reference_signal_keeps_the_bound_the_level_and_detects_every_novel_event(reference_run):
+    slots, novelty = reference_run["slots"], reference_run["novelty"]
+    assert slots["initial"] < slots["final"] <= slots["bound"], slots  # E[S_T] <= S0 + N_T + alpha*M
+    assert novelty["false_rate"] <= 0.05, novelty
+    assert novelty["detection_rate"] >= 0.95, novelty
+
+
+@pytest.mark.xfail(strict=True, reason="the paper's confidence signal breaks SGSE's bound on recurring tasks "
+                                       "(benchmarks/RESULTS.md, 'Long horizon'; docs/methods.md, SGSE)")
+def test_paper_signal_keeps_the_bound(paper_run):
+    slots = paper_run["slots"]
+    assert slots["final"] <= slots["bound"], slots
