@@ -161,10 +161,12 @@ class MethodSpec:
 _NO_DISTILL = {"stage2": {"lambda_lwf": 0.0, "lambda_anchor": 0.0}}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
-    MethodSpec("mars", "MARS: slot memory + SGSE (calibrated reference signal) + DCDA stage 1 and 2", "distill",
-               memory=True, sgse=True, stage1=True),
-    MethodSpec("mars-paper", "MARS with the paper's SGSE signal (routing confidence vs a tracked quantile)", "distill",
-               memory=True, sgse=True, stage1=True, fixed={"sgse": {"signal": "paper"}}),
+    MethodSpec("mars", "MARS: slot memory + SGSE + DCDA stage 1 and 2", "distill", memory=True, sgse=True, stage1=True),
+    # SGSE's calibrated reference signal (docs/methods.md): keeps SGSE's slot bound on long recurring streams, where
+    # the paper's confidence signal does not; not MARS's default because it costs 1.4 points A_last on fmnist-5x2
+    # (benchmarks/RESULTS.md, "SGSE signals")
+    MethodSpec("mars-reference", "MARS with SGSE's calibrated per-slot reference signal (frozen features)", "distill",
+               memory=True, sgse=True, stage1=True, fixed={"sgse": {"signal": "reference"}}),
     MethodSpec("finetune", "sequential cross-entropy on the frozen features (no memory, no distillation)",
                "distill", fixed=_NO_DISTILL, role="baseline"),
     # Baselines (memcl_ops/baselines.py) on the same frozen features, stream and head.

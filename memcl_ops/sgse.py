@@ -90,7 +90,7 @@ class SGSEConfig:
     max_slots: int = 512  # S_max safety cap [R]
     quantile_mode: QuantileMode = "coverage"  # [R] see module docstring
     window_quantile: str = "lower"  # numpy quantile method for q_t [R]
-    signal: Signal = "reference"  # what a trial reads: the paper's routing confidence, or frozen-feature references [R]
+    signal: Signal = "paper"  # what a trial reads: the routing confidence [S], or frozen-feature references [R]
     reference_size: int = 64  # m: the last m features kept per expanded slot (half bank, half calibration) [R]
     slack: float = 0.1  # η: acceptance radius (1 + η) r_j, for drift between visits [R]
     alpha: float = 0.05  # level of each block test under the reference signal [R]

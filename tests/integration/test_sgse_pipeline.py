@@ -8,7 +8,8 @@ from pipeline.config import load_config
 
 pytestmark = pytest.mark.ray
 
-DRIFT = {"data.dataset": "drift", "data.drift.visits": 10, "data.drift.tasks": 4, "data.drift.dim": 16,
+DRIFT = {"method.name": "mars-reference", "data.dataset": "drift", "data.drift.visits": 10, "data.drift.tasks": 4,
+         "data.drift.dim": 16,
          "data.drift.train_per_visit": 100, "data.drift.test_per_task": 20, "data.drift.batch_size": 50,
          "data.drift.shifts": 1, "method.router.initial_slots": 4, "method.stage2.optim.epochs": 2,
          "runtime.progress": False, "runtime.checkpoint": False}
