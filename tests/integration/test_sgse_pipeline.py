@@ -1,7 +1,10 @@
 """SGSE's reference signal in the real actor pipeline: the monitor gets the frozen features with each routed batch,
-its decisions do not depend on how DCDA stage 1 retrains the router, and its references are reported memory."""
+its decisions do not depend on how DCDA stage 1 retrains the router, its references are reported memory, and they
+survive the monitor's death mid-visit (restored and replayed like every other actor's state)."""
 
+import numpy as np
 import pytest
+import ray
 
 from pipeline import runner
 from pipeline.config import load_config
@@ -9,16 +12,23 @@ from pipeline.config import load_config
 pytestmark = pytest.mark.ray
 
 DRIFT = {"method.name": "mars-reference", "data.dataset": "drift", "data.drift.visits": 10, "data.drift.tasks": 4,
-         "data.drift.dim": 16,
-         "data.drift.train_per_visit": 100, "data.drift.test_per_task": 20, "data.drift.batch_size": 50,
-         "data.drift.shifts": 1, "method.router.initial_slots": 4, "method.stage2.optim.epochs": 2,
-         "runtime.progress": False, "runtime.checkpoint": False}
+         "data.drift.dim": 16, "data.drift.train_per_visit": 100, "data.drift.test_per_task": 20,
+         "data.drift.batch_size": 50, "data.drift.shifts": 1, "method.router.initial_slots": 4,
+         "method.stage2.optim.epochs": 2, "runtime.progress": False, "runtime.checkpoint": False}
 
 
-def test_expansions_are_invariant_to_stage1_and_references_are_reported(actors, tmp_path):
-    runs = [runner.run(load_config(overrides={**DRIFT, "method.stage1.optim.epochs": epochs,
-                                              "runtime.out": str(tmp_path)}), actors=actors)
-            for epochs in (1, 4)]
+def drift_run(actors, out, epochs: int, on_batch=None) -> dict:
+    config = load_config(overrides={**DRIFT, "method.stage1.optim.epochs": epochs, "runtime.out": str(out)})
+    return runner.run(config, actors=actors, on_batch=on_batch)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(actors, tmp_path_factory):
+    return drift_run(actors, tmp_path_factory.mktemp("sgse"), 1)
+
+
+def test_expansions_are_invariant_to_stage1_and_references_are_reported(actors, uninterrupted, tmp_path):
+    runs = [uninterrupted, drift_run(actors, tmp_path, 4)]
     steps = [[e["test_step"] for e in m["slots"]["expansions"]] for m in runs]
     assert steps[0] == steps[1] and len(steps[0]) >= 4  # each of the 4 tasks expands once at least
     assert runs[0]["slots"]["monitor"] == runs[1]["slots"]["monitor"]
@@ -26,3 +36,20 @@ def test_expansions_are_invariant_to_stage1_and_references_are_reported(actors, 
     assert runs[0]["acc_matrix"] != runs[1]["acc_matrix"]
     # 16-d float32 rows, at most 64 per expanded slot, plus a counter each
     assert 0 < runs[0]["memory_bytes"]["monitor"] <= len(steps[0]) * (64 * 16 * 4 + 8)
+
+
+def test_monitor_killed_mid_visit_gives_the_uninterrupted_run(actors, uninterrupted, tmp_path):
+    killed = []
+
+    def kill_monitor(visit, index):
+        if (visit, index) == (6, 1) and not killed:
+            killed.append(True)
+            ray.kill(actors.handle("monitor"), no_restart=True)
+
+    metrics = drift_run(actors, tmp_path, 1, kill_monitor)
+    assert killed and metrics["recoveries"] >= 1
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(uninterrupted["acc_matrix"]))
+    assert metrics["slots"]["expansions"] == uninterrupted["slots"]["expansions"]
+    assert metrics["memory_bytes"]["monitor"] == uninterrupted["memory_bytes"]["monitor"]
+    samples = metrics["samples"]
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"]
