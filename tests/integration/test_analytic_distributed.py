@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 
 from pipeline import checkpoint, runner
 from pipeline.config import load_config
+from tests.killing import killer
 
 pytestmark = pytest.mark.ray
 
@@ -63,13 +63,7 @@ def test_statistics_summed_by_two_replicas_and_merged_give_the_single_learner_he
 
 @pytest.mark.slow  # one more run through the actor pipeline; the recovery machinery has its own default-tier tests
 def test_a_replica_killed_mid_stream_is_recovered_and_the_head_is_unchanged(actors, tmp_path, single):
-    done = []
-
-    def kill_second_replica(visit, index):
-        if (visit, index) == (2, 1) and not done:
-            done.append(True)
-            ray.kill(actors.handle("encoder1"), no_restart=False)
-
+    kill_second_replica, done = killer(actors, "encoder1", (2, 1), restart=True)
     merged = runner.run(config(tmp_path), actors=actors, on_batch=kill_second_replica)
     assert done and merged["recoveries"] >= 1
     assert_same_head(merged, single)

@@ -3,10 +3,10 @@ accuracy matrix of an uninterrupted run."""
 
 import numpy as np
 import pytest
-import ray
 
 from pipeline import runner
 from pipeline.config import load_config
+from tests.killing import killer
 
 pytestmark = pytest.mark.ray
 
@@ -24,17 +24,6 @@ def config(tmp_path, **extra):
 @pytest.fixture(scope="module")
 def reference(actors, tmp_path_factory):
     return runner.run(config(tmp_path_factory.mktemp("ref")), actors=actors)
-
-
-def killer(actors, role, at, restart):
-    """An on_batch hook that kills `role`'s actor once, when batch `at` = (visit, index) has been submitted."""
-    done = []
-
-    def hook(visit, index):
-        if (visit, index) == at and not done:
-            done.append(True)
-            ray.kill(actors.handle(role), no_restart=not restart)
-    return hook, done
 
 
 POINTS = np.random.default_rng(8).integers(0, [5, 2], size=(3, 2)).tolist()  # seeded (visit, batch) points

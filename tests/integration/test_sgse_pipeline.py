@@ -4,10 +4,10 @@ survive the monitor's death mid-visit (restored and replayed like every other ac
 
 import numpy as np
 import pytest
-import ray
 
 from pipeline import runner
 from pipeline.config import load_config
+from tests.killing import killer
 
 pytestmark = pytest.mark.ray
 
@@ -39,13 +39,7 @@ def test_expansions_are_invariant_to_stage1_and_references_are_reported(actors, 
 
 
 def test_monitor_killed_mid_visit_gives_the_uninterrupted_run(actors, uninterrupted, tmp_path):
-    killed = []
-
-    def kill_monitor(visit, index):
-        if (visit, index) == (6, 1) and not killed:
-            killed.append(True)
-            ray.kill(actors.handle("monitor"), no_restart=True)
-
+    kill_monitor, killed = killer(actors, "monitor", (6, 1), restart=False)
     metrics = drift_run(actors, tmp_path, 1, kill_monitor)
     assert killed and metrics["recoveries"] >= 1
     np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(uninterrupted["acc_matrix"]))
