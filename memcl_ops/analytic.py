@@ -22,7 +22,8 @@ replica) it is computed in. With s = 16 the rounding error (≤ 2^-17 per coordi
 useful λ; the int64 sums hold about 2^62 / (2^2s · mean φ²) samples (10^9 for s = 16 and φ of order 1).
 
 λ is chosen per task from `lambda_grid` by closed-form leave-one-out (default) or a held-out split, on
-(a seeded subsample of) the current task only; see `AnalyticHead.select_lambda`.
+(a seeded subsample of) the current task only, or by generalised cross-validation over everything summed, from
+the statistics alone; see `AnalyticHead.select_lambda`.
 
 MARS (`mars-analytic`): the head sits on h̃ of the slot memory, and stage 1 moves h̃ between tasks, so
 statistics summed earlier describe features the memory no longer produces. `AnalyticConfig.drift` says
@@ -60,8 +61,10 @@ class AnalyticConfig:
     projection_bits: int = 8  # r: entries of R in multiples of 2^-r of their scale [R]
     lambda_grid: tuple[float, ...] = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)  # candidate λ [R]
     # "loo": closed-form leave-one-out of current-task samples under the joint fit (uses every sample, no extra
-    # solve); "holdout": hold out a split of the current task, its statistics subtracted exactly [R]
-    lambda_selection: Literal["loo", "holdout"] = "loo"
+    # solve); "holdout": hold out a split of the current task, its statistics subtracted exactly; "gcv": generalised
+    # cross-validation over everything summed, from the statistics alone (the same λ however the stream was cut
+    # into blocks) [R]
+    lambda_selection: Literal["loo", "holdout", "gcv"] = "loo"
     # what the candidates are scored by on those samples: "accuracy" (error rate, ties broken by the squared error)
     # or "mse" (the squared error of the one-hot targets, PRESS under "loo") [R]
     lambda_criterion: Literal["accuracy", "mse"] = "accuracy"
@@ -304,6 +307,10 @@ class AnalyticHead:
         `selection_samples` of them. One Cholesky per candidate.
         """
         cfg = self.config
+        if cfg.lambda_selection == "gcv":
+            scores = self.gcv_scores()
+            best = min(scores, key=scores.__getitem__)
+            return best, scores
         features, labels = np.asarray(features), np.asarray(labels, np.int64)
         order = np.random.default_rng([self.seed, seed]).permutation(len(labels))
         fit = self.stats
@@ -328,6 +335,24 @@ class AnalyticHead:
             scores[lam] = (error_rate, mse) if cfg.lambda_criterion == "accuracy" else (mse,)
         best = min(scores, key=scores.__getitem__)
         return best, {lam: score[0] for lam, score in scores.items()}
+
+    def gcv_scores(self) -> dict[float, float]:
+        """Generalised cross-validation of every λ candidate over all N samples summed, from G, C and N only:
+        GCV(λ) = N·RSS(λ) / (N − tr H(λ))², with G = U diag(s) Uᵀ and Cᵤ = UᵀC,
+        RSS = N − 2 Σᵢ ‖Cᵤᵢ‖² / (sᵢ + λ) + Σᵢ sᵢ ‖Cᵤᵢ‖² / (sᵢ + λ)²   (Σ‖y‖² = N for one-hot y),
+        tr H = Σᵢ sᵢ / (sᵢ + λ). One eigendecomposition serves every candidate; the statistics are exact sums, so
+        the scores do not depend on how the stream was cut."""
+        gram, targets = self._float_stats(self.stats)
+        s, u = torch.linalg.eigh(gram)
+        s = s.clamp_min(0.0)
+        energy = (u.T @ targets).pow(2).sum(dim=1)
+        n = float(self.stats.count)
+        scores = {}
+        for lam in self.config.lambda_grid:
+            rss = n - 2.0 * float((energy / (s + lam)).sum()) + float((s * energy / (s + lam) ** 2).sum())
+            dof = float((s / (s + lam)).sum())
+            scores[lam] = n * rss / max(n - dof, 1e-12) ** 2
+        return scores
 
     def logits(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
         return self.feature_map.to_float(self.feature_map(features)) @ self.weight

@@ -5,6 +5,7 @@ alone; the fixed-point sums are exact (checked against Python integers) and refu
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -241,6 +242,44 @@ def test_lambda_criterion_equals_brute_force_refits(selection):
             onehot = (y[rows][:, None] == head.stats.classes[None, :]).astype(np.float64)
             squared += list(((onehot - rest.logits(x[rows])) ** 2).sum(axis=1))
         assert errors[lam] == pytest.approx(np.mean(squared), rel=1e-8)
+
+
+@CONFIGS
+def test_gcv_equals_its_definition_on_the_data(config):
+    """GCV from the statistics equals N·RSS/(N − tr H)² computed on the samples themselves (hat matrix
+    H = Φ(ΦᵀΦ + λI)⁻¹Φᵀ), for every candidate."""
+    x, y = clusters(9, per_class=12)
+    head = AnalyticHead(DIM, replace(config, lambda_selection="gcv", lambda_grid=(0.1, 3.0, 300.0)), seed=0)
+    head.update(x, y)
+    _, scores = head.select_lambda(x, y)
+    phi = head.feature_map.to_float(head.feature_map(x))
+    onehot = (y[:, None] == head.stats.classes[None, :]).astype(np.float64)
+    for lam, score in scores.items():
+        hat = phi @ np.linalg.solve(phi.T @ phi + lam * np.eye(phi.shape[1]), phi.T)
+        rss = ((onehot - hat @ onehot) ** 2).sum()
+        assert score == pytest.approx(len(y) * rss / (len(y) - np.trace(hat)) ** 2, rel=1e-6)
+
+
+@CONFIGS
+def test_gcv_head_is_the_same_however_the_stream_is_cut(config):
+    """λ by GCV reads only the exact sums: the same stream cut into tasks, into batches of 7 or in one block ends
+    with the same λ and bit-identical weights."""
+    x, y = clusters(4, per_class=20)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(y))
+    gcv = replace(config, lambda_selection="gcv")
+    cuttings = {"one block": [order], "batches of 7": np.array_split(order, np.arange(7, len(y), 7)),
+                "tasks": random_tasks(y, rng)}
+    heads = {}
+    for name, blocks in cuttings.items():
+        learner = AnalyticLearner(DIM, gcv, seed=0)
+        for rows in blocks:
+            learner.fit(torch.from_numpy(x[rows]), torch.from_numpy(y[rows]), None)
+        heads[name] = learner.head
+    first = heads["one block"]
+    for head in heads.values():
+        assert head.lam == first.lam
+        np.testing.assert_array_equal(head.weight, first.weight)
 
 
 def test_lambda_selection_prefers_regularisation_when_features_are_noisy():
