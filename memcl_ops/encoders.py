@@ -262,8 +262,15 @@ def build_encoder(spec: EncoderSpec, payload: str = S.IMAGE) -> Encoder:
         return hf_encoder(spec)
     if name == "tiny":
         return TinyEncoder(spec, payload)
-    raise ValueError(f"unknown encoder {name!r}; expected efficientnet-lite0, minilm, open_clip:<model>, hf:<path> "
-                     "or tiny")
+    raise ValueError(f"unknown encoder {name!r}; expected {', '.join(ENCODER_NAMES)}")
+
+
+ENCODER_NAMES = ("efficientnet-lite0", "minilm", "tiny", "open_clip:<model>", "hf:<path>")
+
+
+def is_encoder_name(name: str) -> bool:
+    """Whether `build_encoder` knows `name` (checked before any weights are loaded)."""
+    return name in ENCODER_NAMES or name.startswith(("open_clip:", "hf:"))
 
 
 def encode_checked(encoder: Encoder, batch: pa.RecordBatch) -> pa.RecordBatch:

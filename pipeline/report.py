@@ -36,8 +36,9 @@ def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
         writer.writerow(["after_visit", "trained_task", *[f"task{j}" for j in range(tasks)]])
         for i, row in enumerate(acc):
             writer.writerow([i, metrics["visits"][i], *["" if np.isnan(v) else f"{v:.4f}" for v in row]])
-    _heatmap(acc, metrics, run_dir / f"{prefix}acc_matrix.png")
-    _over_time(acc, metrics, run_dir / f"{prefix}acc_over_time.png")
+    if acc.size:  # a run that never evaluated (nothing streamed) has no matrix to plot
+        _heatmap(acc, metrics, run_dir / f"{prefix}acc_matrix.png")
+        _over_time(acc, metrics, run_dir / f"{prefix}acc_over_time.png")
 
 
 def _title(metrics: dict) -> str:

@@ -38,13 +38,14 @@ from actors.stage2_trainer import Stage2Trainer
 from actors.stream_source import StreamSource
 from memcl_ops import schema as S
 from memcl_ops.feature_cache import FeatureCache
-from memcl_ops.methods import MethodSpec, method_spec
+from memcl_ops.methods import MethodSpec
 from memcl_ops.router import RouterConfig
 from memcl_ops.sources import StreamInfo
-from pipeline import checkpoint, report
+from pipeline import checkpoint, preflight, report
 from pipeline.actor_cache import ActorCache, is_fault
 from pipeline.config import RunConfig, dump_config, load_config
 from pipeline.encoder_pool import EncoderPool
+from pipeline.errors import RunInterrupted
 from pipeline.progress import InFlight, Progress
 
 log = logging.getLogger("memcl")
@@ -295,39 +296,42 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
     `actors`: reuse the actors of earlier runs (they are reset); by default the run starts and kills its own.
     `on_batch` / `on_round`: observers (fault injection in tests, resource sampling in `memcl stress`).
     """
+    if resume is not None:
+        run_dir = preflight.run_folder(resume, "config.yaml")
+        config = load_config(run_dir / "config.yaml")
+    config = config or RunConfig()
+    spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
     own = actors is None
     actors = actors or ActorCache()
     try:
-        return _run(config, run_dir, resume, progress, actors, on_batch, on_round)
+        started = time.perf_counter()
+        ensure_ray(config)
+        source = actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": config.runtime.max_restarts},
+                            config.data, config.stream, config.runtime.max_batch_rows)
+        info: StreamInfo = ray.get(source.describe.remote())
+        run_dir = run_dir or new_run_dir(config, info.name)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume is None:
+            dump_config(config, run_dir / "config.yaml")
+        try:
+            return _run(config, spec, source, info, run_dir, resume is not None, progress, actors, started,
+                        on_batch, on_round)
+        except KeyboardInterrupt:
+            raise RunInterrupted(run_dir) from None
     finally:
         if own:
             actors.close()
 
 
-def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, progress: bool | None,
-         actors: ActorCache, on_batch: BatchHook | None, on_round: RoundHook | None) -> dict:
-    if resume is not None:
-        run_dir = Path(resume)
-        config = load_config(run_dir / "config.yaml")
-    config = config or RunConfig()
-    spec = method_spec(config.method.name)
-    if config.stream.task_free and not spec.task_free:
-        raise ValueError(f"method {spec.name} needs task boundaries; it cannot run a task-free stream")
+def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, info: StreamInfo, run_dir: Path,
+         resumed: bool, progress: bool | None, actors: ActorCache, started: float, on_batch: BatchHook | None,
+         on_round: RoundHook | None) -> dict:
     rt = config.runtime
     bars = Progress(enabled=rt.progress if progress is None else progress)
-    started = time.perf_counter()
-    ensure_ray(config)
-    source = actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": rt.max_restarts}, config.data,
-                        config.stream, rt.max_batch_rows)
-    info: StreamInfo = ray.get(source.describe.remote())
-    run_dir = run_dir or new_run_dir(config, info.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if resume is None:
-        dump_config(config, run_dir / "config.yaml")
     if spec.loop == "adapter":  # NSR trains LoRA inside the encoder on raw batches: its own loop
         from pipeline.adapter_runner import run_adapter
 
-        return run_adapter(config, info, source, run_dir, resume is not None, bars, started, actors)
+        return run_adapter(config, info, source, run_dir, resumed, bars, started, actors)
 
     encoders, features = None, {}
     t0 = time.perf_counter()
@@ -340,7 +344,7 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
     pipe = Pipeline(config, spec, info, actors, encoders, inline=encoders is not None and not features)
     state = RunState()
     ckpt_dir = run_dir / "checkpoints"
-    if resume is not None and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
+    if resumed and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
         path, parts, meta = found
         pipe.restore(parts)
         state = RunState(**meta)
