@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.set_defaults(func=cmd_bench)
 
     ls = command("list", "list the registered methods, datasets, bench suites or encoders")
-    ls.add_argument("what", choices=["methods", "datasets", "suites", "encoders"])
+    ls.add_argument("what", choices=["methods", "datasets", "suites", "encoders"], help="what to list")
     ls.set_defaults(func=cmd_list)
 
     cfg = command("config", "print the run config (the embedded default, or with --config / --set applied)")
