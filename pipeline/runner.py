@@ -465,6 +465,7 @@ def collect_metrics(config: RunConfig, pipe: Pipeline, info: StreamInfo, state: 
         "dataset": info.name,
         "seed": config.seed,
         "task_classes": info.task_classes,
+        "class_names": info.extra.get("class_names"),
         "visits": info.visits,
         "acc_matrix": acc.tolist(),
         "summary": summary.as_dict() if summary else {},
