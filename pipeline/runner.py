@@ -46,7 +46,7 @@ from pipeline.actor_cache import ActorCache, is_fault
 from pipeline.config import RunConfig, dump_config, load_config
 from pipeline.encoder_pool import EncoderPool
 from pipeline.errors import RunInterrupted
-from pipeline.progress import InFlight, Progress
+from pipeline.progress import InFlight, Progress, Reports
 
 log = logging.getLogger("memcl")
 
@@ -163,21 +163,24 @@ class Pipeline:
             ray.get(self.memory.expand.remote(self.expansions))
             self.expansions = None
 
-    def consolidate(self, block: list[ray.ObjectRef]) -> dict:
-        """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot."""
+    def consolidate(self, block: list[ray.ObjectRef], reports: Reports, what: str) -> dict:
+        """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot;
+        the trainers' epochs are shown as `what` stage 1 / stage 2 bars."""
         out: dict = {}
         t0 = time.perf_counter()
         self.apply_expansions()
+        queue = reports.queue
         if self.stage1 is not None:
-            trained = self.stage1.train.remote(self.memory.memory_state.remote(), *block)
+            trained = self.stage1.train.remote(self.memory.memory_state.remote(), *block, progress=queue)
+            reports.get(trained, what)
             ray.get(self.memory.load_memory.remote(trained))
         t1 = time.perf_counter()
         memory = self.memory.memory_state.remote() if self.spec.memory else None
         if self.merges:
             merged = self.memory.merge_statistics.remote(*self.encoders.take_statistics())
-            out["stage2"] = ray.get(self.stage2.train_merged.remote(merged, memory, *block))
+            out["stage2"] = reports.get(self.stage2.train_merged.remote(merged, memory, *block, progress=queue), what)
         else:
-            out["stage2"] = ray.get(self.stage2.train.remote(memory, *block))
+            out["stage2"] = reports.get(self.stage2.train.remote(memory, *block, progress=queue), what)
         ray.get(self.stage2.end_task.remote())
         out["seconds"] = {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
         return out
@@ -353,10 +356,11 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
     last_good = pipe.state()  # what a fault rolls every actor back to
 
     rounds = plan_rounds(info, config.stream.task_free, config.method.consolidate_every)
+    reports = Reports(bars)  # the trainers report their epochs through it while the driver waits
     for r in range(state.next_round, len(rounds)):
         for attempt in range(rt.max_recoveries + 1):
             try:
-                outcome = _round(pipe, info, state, rounds[r], bars, on_batch)
+                outcome = _round(pipe, info, state, rounds[r], bars, reports, on_batch)
                 break
             except Exception as err:
                 if not is_fault(err) or attempt == rt.max_recoveries:
@@ -380,7 +384,7 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
 
 
 def _round(pipe: Pipeline, info: StreamInfo, state: RunState, batches: list[tuple[int, int]], bars: Progress,
-           on_batch: BatchHook | None) -> dict:
+           reports: Reports, on_batch: BatchHook | None) -> dict:
     """Stream one round, consolidate, and evaluate after the visits it ends. Nothing of the run state changes
     here, so a fault can replay it."""
     rt = pipe.config.runtime
@@ -401,7 +405,7 @@ def _round(pipe: Pipeline, info: StreamInfo, state: RunState, batches: list[tupl
         in_flight.add(sub.tail)
     in_flight.drain()
     stream_seconds = time.perf_counter() - t_stream
-    consolidation = pipe.consolidate(block)
+    consolidation = pipe.consolidate(block, reports, what)
 
     t_eval = time.perf_counter()
     ended = [v for v, i in batches if i == info.visit_batches[v] - 1]
