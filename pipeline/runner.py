@@ -309,8 +309,7 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
     try:
         started = time.perf_counter()
         ensure_ray(config)
-        source = actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": config.runtime.max_restarts},
-                            config.data, config.stream, config.runtime.max_batch_rows)
+        source = _source(config, actors)
         info: StreamInfo = ray.get(source.describe.remote())
         run_dir = run_dir or new_run_dir(config, info.name)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -324,6 +323,26 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
     finally:
         if own:
             actors.close()
+
+
+def _source(config: RunConfig, actors: ActorCache) -> ray.actor.ActorHandle:
+    rt = config.runtime
+    return actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": rt.max_restarts}, config.data,
+                      config.stream, rt.max_batch_rows)
+
+
+def encode_stream(config: RunConfig, actors: ActorCache) -> float:
+    """Encode what `config`'s stream needs into the feature cache, with a progress bar whatever
+    `runtime.progress` says, and return the seconds it took (about 0 when cached, features or in-line encoding):
+    `memcl bench` does it once, before its runs, so no method's time includes it."""
+    preflight.check_run(config)
+    ensure_ray(config)
+    started = time.perf_counter()
+    source = _source(config, actors)
+    info: StreamInfo = ray.get(source.describe.remote())
+    if info.feature_dim is None and config.runtime.cache_dir and info.cacheable:
+        encode_into_cache(config, source, EncoderPool(config, info.payload, actors), info, Progress(enabled=True))
+    return time.perf_counter() - started
 
 
 def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, info: StreamInfo, run_dir: Path,
