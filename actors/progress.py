@@ -1,5 +1,5 @@
-"""How a trainer actor tells the driver how far a long call has got: (label, done, total) on a Ray queue the driver
-reads while it waits (pipeline/progress.py `Reports`)."""
+"""How a trainer actor tells the driver how far a long call has got: (label, done, total, loss) on a Ray queue the
+driver reads while it waits (pipeline/progress.py `Reports`)."""
 
 from __future__ import annotations
 
@@ -12,4 +12,4 @@ def epoch_reporter(queue: Queue | None, label: str) -> EpochHook | None:
     """An epoch hook for `memcl_ops.training.report_epochs`, or None when nobody listens."""
     if queue is None:
         return None
-    return lambda done, total: queue.put_nowait((label, done, total))
+    return lambda done, total, loss: queue.put_nowait((label, done, total, loss))

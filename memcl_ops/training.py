@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-EpochHook = Callable[[int, int], None]  # (epochs done, epochs in all), called after each epoch
+EpochHook = Callable[[int, int, float], None]  # (epochs done, epochs in all, the epoch's mean loss), after each epoch
 # Observers of every `optimize` loop running in this process (an actor's progress report to the driver). A listener
 # list rather than an argument: the loop sits under every method's head, and none of them need to know.
 _epoch_hooks: list[EpochHook] = []
@@ -59,5 +59,5 @@ def optimize(parameters: Iterable[torch.nn.Parameter], loss_on: Callable[[torch.
             total += float(loss.detach()) * len(idx)
         history.append(total / num_samples)
         for hook in _epoch_hooks:
-            hook(epoch + 1, config.epochs)
+            hook(epoch + 1, config.epochs, history[-1])
     return history

@@ -51,6 +51,7 @@ class RuntimeConfig:
     out: str = "runs"
     checkpoint: bool = True
     progress: bool = True
+    tensorboard: bool = False  # write TensorBoard event files into <run folder>/tensorboard/ (`tensorboard --logdir`)
     max_batch_rows: int | None = 4096  # larger batches are refused at the gate (dead letters)
     max_restarts: int = 2  # Ray restarts of a crashed actor (its state is then restored by the runner)
     max_recoveries: int = 5  # replays of one visit after actor faults before the run gives up

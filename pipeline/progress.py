@@ -63,15 +63,23 @@ class InFlight:
 
 
 class Reports:
-    """Progress inside one long actor call (DCDA stage 1 / stage 2 epochs): the actor puts (label, done, total) on
-    a Ray queue (actors/progress.py) and the driver, while it waits for the call, turns them into one bar per
-    label. A call that reports nothing (an analytic solve) gets a bar that counts its seconds."""
+    """Progress inside one long actor call (DCDA stage 1 / stage 2 epochs): the actor puts (label, done, total,
+    loss) on a Ray queue (actors/progress.py) and the driver, while it waits for the call, turns them into one bar
+    per label and keeps the losses per epoch (`take_losses`). A call that reports nothing (an analytic solve) gets
+    a bar that counts its seconds. Nothing is reported unless bars are shown or `keep_losses`."""
 
     POLL_S = 0.5
 
-    def __init__(self, progress: Progress):
+    def __init__(self, progress: Progress, keep_losses: bool = False):
         self.progress = progress
-        self.queue = Queue(actor_options={"num_cpus": 0}) if progress.enabled else None
+        listen = progress.enabled or keep_losses
+        self.queue = Queue(actor_options={"num_cpus": 0}) if listen else None
+        self.losses: dict[str, list[float]] = {}
+
+    def take_losses(self) -> dict[str, list[float]]:
+        """The losses per epoch reported since the last call, per label."""
+        losses, self.losses = self.losses, {}
+        return losses
 
     def get(self, ref: ray.ObjectRef, what: str) -> object:
         """ray.get(ref), showing what the actor reports meanwhile under the name `what`."""
@@ -92,7 +100,8 @@ class Reports:
         return ray.get(ref)
 
     def _drain(self, bars: dict, what: str) -> None:
-        for label, done, total in self.queue.get_nowait_batch(self.queue.qsize()):
+        for label, done, total, loss in self.queue.get_nowait_batch(self.queue.qsize()):
             if label not in bars:
                 bars[label] = self.progress.bar(f"{what} {label}", total, unit="epoch")
             bars[label].update(done - bars[label].n)
+            self.losses.setdefault(label, []).append(loss)

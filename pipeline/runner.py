@@ -47,6 +47,7 @@ from pipeline.config import RunConfig, dump_config, load_config
 from pipeline.encoder_pool import EncoderPool
 from pipeline.errors import RunInterrupted
 from pipeline.progress import InFlight, Progress, Reports
+from pipeline.tracking import TensorBoardLog
 
 log = logging.getLogger("memcl")
 
@@ -183,6 +184,7 @@ class Pipeline:
             out["stage2"] = reports.get(self.stage2.train.remote(memory, *block, progress=queue), what)
         ray.get(self.stage2.end_task.remote())
         out["seconds"] = {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
+        out["epoch_losses"] = reports.take_losses()
         return out
 
     def evaluate(self, tasks: list[int], after_visit: int) -> tuple[dict[int, float], list[ray.ObjectRef]]:
@@ -375,7 +377,8 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
     last_good = pipe.state()  # what a fault rolls every actor back to
 
     rounds = plan_rounds(info, config.stream.task_free, config.method.consolidate_every)
-    reports = Reports(bars)  # the trainers report their epochs through it while the driver waits
+    reports = Reports(bars, keep_losses=rt.tensorboard)  # the trainers report their epochs through it
+    board = TensorBoardLog(run_dir) if rt.tensorboard else None
     for r in range(state.next_round, len(rounds)):
         for attempt in range(rt.max_recoveries + 1):
             try:
@@ -395,9 +398,13 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
             state.add_wall("checkpoint", time.perf_counter() - t_ckpt)
         if on_round is not None:
             on_round(r, state, pipe)
+        if board is not None:
+            board.round(state)
 
     metrics = collect_metrics(config, pipe, info, state, time.perf_counter() - started)
     report.write_run(run_dir, metrics)
+    if board is not None:
+        board.close(metrics)
     metrics["run_dir"] = str(run_dir)
     return metrics
 
@@ -464,6 +471,8 @@ def _commit_round(pipe: Pipeline, info: StreamInfo, state: RunState, r: int, out
     state.round_log.append({"round": r, "visits_ended": outcome["ended"], "batches": outcome["batches"],
                             "accuracy": accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated else None,
                             "memory": memory, "stage2": outcome["consolidation"]["stage2"],
+                            "epoch_losses": outcome["consolidation"]["epoch_losses"],
+                            "stream_seconds": outcome["seconds"]["stream"],
                             "refused": 0 if dead is None else dead.num_rows, "time": time.time()})
     state.next_round = r + 1
 

@@ -29,8 +29,10 @@ def test_stage1_and_stage2_report_every_epoch(ray_session):
     method = MethodConfig(name="finetune", stage2=Stage2Config(optim=OptimConfig(epochs=4)))
     stage2 = Stage2Trainer.options(num_cpus=0).remote(method, 8, 0, 1)
     ray.get(stage2.train.remote(None, *block, progress=queue))
-    assert queue.get_nowait_batch(queue.qsize()) == [("stage 1", e, 3) for e in (1, 2, 3)] + [
+    reported = queue.get_nowait_batch(queue.qsize())
+    assert [r[:3] for r in reported] == [("stage 1", e, 3) for e in (1, 2, 3)] + [
         ("stage 2", e, 4) for e in (1, 2, 3, 4)]
+    assert all(np.isfinite(r[3]) and r[3] > 0 for r in reported)  # each epoch's mean loss
     ray.get(stage1.train.remote(SlotRouter(8, router).state(), *block))  # nobody listening: nothing is put
     assert queue.qsize() == 0
     ray.kill(stage1)
@@ -39,7 +41,8 @@ def test_stage1_and_stage2_report_every_epoch(ray_session):
 
 def test_reports_return_the_call_result_and_drain_the_queue(ray_session):
     reports = Reports(Progress(enabled=True))
-    reports.queue.put_nowait(("stage 1", 1, 2))
+    reports.queue.put_nowait(("stage 1", 1, 2, 0.5))
     assert reports.get(ray.put(41), "task 1/1") == 41
     assert reports.queue.qsize() == 0
+    assert reports.take_losses() == {"stage 1": [0.5]} and reports.take_losses() == {}
     assert Reports(Progress(enabled=False)).queue is None
