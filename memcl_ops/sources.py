@@ -224,9 +224,27 @@ class ArrowDirStream:
         return self._open[1]
 
     def _batch(self, piece: Slice) -> pa.RecordBatch:
-        table = self._table(piece.path).slice(piece.offset, piece.length).combine_chunks()
-        batches = table.to_batches()
+        table = self._features_as_contract(self._table(piece.path).slice(piece.offset, piece.length))
+        batches = table.combine_chunks().to_batches()
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+    def _features_as_contract(self, table: pa.Table) -> pa.Table:
+        """Feature lists of any float type and list kind (numpy's float64, pandas' variable-length lists) as the
+        fixed_size_list<float32, feature_dim> the learner takes, when every row has that length; otherwise the
+        table is left as it is and the gate refuses what breaks the contract."""
+        idx = table.schema.get_field_index(S.FEATURES)
+        if self.payload != "features" or idx < 0:
+            return table
+        target = pa.list_(pa.float32(), self.feature_dim)
+        typ = table.schema.field(idx).type
+        if typ == target or not (pa.types.is_list(typ) or pa.types.is_large_list(typ)
+                                 or pa.types.is_fixed_size_list(typ)) or not pa.types.is_floating(typ.value_type):
+            return table
+        try:
+            column = pc.cast(table.column(idx), target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return table
+        return table.set_column(idx, table.schema.field(idx).with_type(target), column)
 
     def _sidecar_names(self) -> list[str] | None:
         path = self.root / CLASS_NAMES_FILE
