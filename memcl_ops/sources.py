@@ -196,6 +196,7 @@ class ArrowDirStream:
         self.visits: list[int] = []
         self.num_rows = 0
         self.class_names = self._sidecar_names()
+        self.task_labels: dict[int, set[int]] = {}  # the labels each task's rows carry (for tables and plots)
         for path in self.train_files:
             table = self._table(path)
             self.num_rows += table.num_rows
@@ -206,6 +207,7 @@ class ArrowDirStream:
                 self.visits.append(0 if index is None else index)
                 self.visit_slices.append([])
             self.visit_slices[-1] += self._slices(path, table.num_rows)
+            self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
         self.task_ids = sorted(task_order, key=task_order.get)
         self.tests: dict[int, list[Slice]] = {}
         for path in self.test_files:
@@ -254,7 +256,8 @@ class ArrowDirStream:
         tasks = max(len(self.task_ids), 1)
         listing = [f"{p.name}:{p.stat().st_size}".encode() for p in (*self.train_files, *self.test_files)]
         return StreamInfo(
-            name=f"arrow:{self.root.name}", payload=self.payload, task_classes=[[] for _ in range(tasks)],
+            name=f"arrow:{self.root.name}", payload=self.payload,
+            task_classes=[sorted(self.task_labels.get(t, ())) for t in range(tasks)],
             visits=self.visits, visit_batches=[len(s) for s in self.visit_slices],
             test_batches=[len(self.tests.get(t, [])) for t in range(tasks)],
             num_samples=self.num_rows, labels=self.labels, feature_dim=self.feature_dim,
@@ -269,6 +272,14 @@ class ArrowDirStream:
 
     def visit_tasks(self, visit: int) -> list[int]:
         return [self.visits[visit]]
+
+
+def _labels(table: pa.Table) -> list[int]:
+    """The distinct valid labels of a table (none if its label column is missing or not integer)."""
+    idx = table.schema.get_field_index(S.LABEL)
+    if idx < 0 or not pa.types.is_integer(table.schema.field(idx).type):
+        return []
+    return [v for v in pc.unique(pc.drop_null(table.column(idx))).to_pylist() if v >= 0]
 
 
 def _metadata_names(schema: pa.Schema) -> list[str] | None:

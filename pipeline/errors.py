@@ -25,6 +25,6 @@ def one_line(err: BaseException) -> tuple[str, bool]:
 
         while isinstance(err, RayTaskError) and err.cause is not None:
             err = err.cause
-    user = isinstance(err, ConfigError | DatasetUnavailable)
+    user = isinstance(err, ConfigError | DatasetUnavailable | FileNotFoundError)  # a path the user gave
     text = " ".join(str(err).split())
     return (text if user else f"{type(err).__name__}: {text}"), user

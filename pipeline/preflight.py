@@ -3,6 +3,7 @@ one line (the key, what is wrong, what is accepted) instead of failing inside an
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from memcl_ops.datasets import DatasetUnavailable
@@ -33,6 +34,16 @@ def check_run(config: RunConfig) -> MethodSpec:
     except (ValueError, DatasetUnavailable) as err:
         raise ConfigError(str(err)) from err
     return spec
+
+
+def with_absolute_paths(config: RunConfig) -> RunConfig:
+    """`config` with the folder of an `arrow:` or `image-folder:` source made absolute: actors (and a resumed run)
+    may not share the working directory the path was given in."""
+    kind, sep, path = config.data.dataset.partition(":")
+    if not sep or kind not in ("arrow", "image-folder"):
+        return config
+    data = dataclasses.replace(config.data, dataset=f"{kind}:{Path(path).expanduser().resolve()}")
+    return dataclasses.replace(config, data=data)
 
 
 def run_folder(path: str | Path, needs: str) -> Path:

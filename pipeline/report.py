@@ -99,6 +99,19 @@ def _slots(metrics: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def class_name(metrics: dict, label: int) -> str:
+    names = metrics.get("class_names") or []
+    return names[label] if 0 <= label < len(names) else str(label)
+
+
+def _class_lines(metrics: dict) -> list[str]:
+    """Which classes each task holds, by name when the dataset names them."""
+    tasks = metrics.get("task_classes") or []
+    if not any(tasks):
+        return []
+    return [""] + [f"task{t}: " + ", ".join(class_name(metrics, c) for c in classes) for t, classes in enumerate(tasks)]
+
+
 def summary_table(metrics: dict) -> str:
     acc = np.array(metrics["acc_matrix"], dtype=float)
     lines = [f"{_title(metrics)}", ""]
@@ -107,6 +120,7 @@ def summary_table(metrics: dict) -> str:
     for i, row in enumerate(acc):
         cells = " ".join("   -   " if np.isnan(v) else f"{100 * v:6.1f} " for v in row)
         lines.append(f"{i:>4d} (t{metrics['visits'][i]:<2d}) | {cells}")
+    lines += _class_lines(metrics)
     s = metrics.get("summary") or {}
     if s:
         lines += ["", f"A_last {100 * s['a_last']:.2f}   Ā {100 * s['a_mean']:.2f}   "

@@ -304,7 +304,7 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
     if resume is not None:
         run_dir = preflight.run_folder(resume, "config.yaml")
         config = load_config(run_dir / "config.yaml")
-    config = config or RunConfig()
+    config = preflight.with_absolute_paths(config or RunConfig())
     spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
     own = actors is None
     actors = actors or ActorCache()
@@ -337,6 +337,7 @@ def encode_stream(config: RunConfig, actors: ActorCache) -> float:
     """Encode what `config`'s stream needs into the feature cache, with a progress bar whatever
     `runtime.progress` says, and return the seconds it took (about 0 when cached, features or in-line encoding):
     `memcl bench` does it once, before its runs, so no method's time includes it."""
+    config = preflight.with_absolute_paths(config)
     preflight.check_run(config)
     ensure_ray(config)
     started = time.perf_counter()
