@@ -49,7 +49,7 @@ def accuracy_axis(ax: plt.Axes, values: np.ndarray) -> None:
     finite = finite[np.isfinite(finite)]
     low, high = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
     pad = max(0.02, 0.08 * (high - low))
-    ax.set_ylim(max(0.0, low - pad), min(1.0, high + pad) + 0.005)
+    ax.set_ylim(max(0.0, min(low - pad, high - 0.1)), min(1.0, high + pad) + 0.005)  # at least 10 points tall
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
@@ -59,7 +59,7 @@ def _title(metrics: dict) -> str:
 
 
 def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * acc.shape[1], 1.2 + 0.45 * acc.shape[0]))
+    fig, ax = plt.subplots(figsize=(2.6 + 0.9 * acc.shape[1], 1.8 + 0.45 * acc.shape[0]))  # room for class names
     im = ax.imshow(np.ma.masked_invalid(acc), vmin=0, vmax=1, cmap="viridis", aspect="auto")
     for (i, j), v in np.ndenumerate(acc):
         if not np.isnan(v):
