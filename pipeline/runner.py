@@ -77,6 +77,7 @@ class RunState:
     wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
     refused: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per reason
     recoveries: int = 0  # visits replayed after an actor fault
+    elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -375,6 +376,7 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
         state = RunState(**meta)
         log.info("resumed from %s at round %d", path, state.next_round)
     state.add_wall("encode_cache", time.perf_counter() - t0)
+    earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)
     last_good = pipe.state()  # what a fault rolls every actor back to
 
     rounds = plan_rounds(info, config.stream.task_free, config.method.consolidate_every)
@@ -392,6 +394,7 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
                 state.recoveries += 1
                 pipe.revive(last_good, features)
         _commit_round(pipe, info, state, r, outcome, run_dir)
+        state.elapsed = earlier + time.perf_counter() - started
         last_good = pipe.state()
         if rt.checkpoint:
             t_ckpt = time.perf_counter()
@@ -402,7 +405,7 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
         if board is not None:
             board.round(state)
 
-    metrics = collect_metrics(config, pipe, info, state, time.perf_counter() - started)
+    metrics = collect_metrics(config, pipe, info, state, earlier + time.perf_counter() - started)
     report.write_run(run_dir, metrics)
     if board is not None:
         board.close(metrics)

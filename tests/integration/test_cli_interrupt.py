@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(actors, tmp_path):
     args = ["run", "--set", "data.dataset=synthetic", "--set", "stream.tasks=5", "--set", "runtime.progress=false",
-            "--set", "method.stage1.optim.epochs=3", "--out", str(tmp_path)]
+            "--set", "data.synthetic.train_per_class=60", "--set", "method.stage1.optim.epochs=3",
+            "--set", "method.stage2.optim.epochs=3", "--out", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # a new process group, signalled as a terminal signals the foreground group on Ctrl-C
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, env=env, text=True,
@@ -40,5 +41,7 @@ def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(actors, tmp_path):
 
     metrics = runner.run(resume=run_dir, actors=actors, progress=False)
     samples = metrics["samples"]
-    assert samples["learned"] == samples["unique_learned"] == samples["stream"] == 10 * 200  # 10 classes x 200
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"] == 10 * 60  # 10 classes x 60
     assert len(metrics["acc_matrix"]) == 5
+    wall = metrics["wall_seconds"]  # the total counts the first session too, as the phases do
+    assert wall["total"] >= sum(v for k, v in wall.items() if k != "total")

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.ray
 def test_event_files_hold_the_runs_scalars(actors, tmp_path):
     epochs1, epochs2, tasks = 2, 3, 2
     config = load_config(overrides={
-        "data.dataset": "synthetic", "stream.tasks": tasks, "runtime.tensorboard": True, "runtime.progress": False,
+        "data.dataset": "synthetic", "data.synthetic.train_per_class": 40, "data.synthetic.test_per_class": 20,
+        "stream.tasks": tasks, "runtime.tensorboard": True, "runtime.progress": False,
         "method.stage1.optim.epochs": epochs1, "method.stage2.optim.epochs": epochs2,
         "runtime.out": str(tmp_path), "runtime.actor_threads": 1})
     metrics = runner.run(config, actors=actors)
