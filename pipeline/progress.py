@@ -25,19 +25,62 @@ class _Silent:
         pass
 
 
+class _LineBar:
+    """A bar for a log (stderr is no terminal): a plain line every `EVERY_S` seconds and one at the end, instead of
+    tqdm's redraws, which a log keeps as one line each (every bar twice around each note)."""
+
+    EVERY_S = 30.0
+
+    def __init__(self, description: str, total: int | None, unit: str, leave: bool):
+        self.description, self.total, self.unit, self.leave, self.n = description, total, unit, leave, 0
+        self.started = self.shown = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.perf_counter() - self.shown >= self.EVERY_S:
+            self._line()
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.leave or time.perf_counter() - self.started >= self.EVERY_S:
+            self._line()
+
+    def _line(self) -> None:
+        self.shown = time.perf_counter()
+        of = f"/{self.total}" if self.total is not None else ""
+        print(f"{self.description}: {self.n}{of} {self.unit} ({self.shown - self.started:.0f} s)", file=sys.stderr,
+              flush=True)
+
+
 class Progress:
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
+        self.terminal = sys.stderr.isatty()
 
-    def bar(self, description: str, total: int | None, unit: str = "batch") -> tqdm | _Silent:
+    def bar(self, description: str, total: int | None, unit: str = "batch",
+            leave: bool = True) -> tqdm | _LineBar | _Silent:
+        """`leave=False`: a passing bar, erased when done (a log keeps it only if it ran long)."""
         if not self.enabled:
             return _Silent()
-        return tqdm(total=total, desc=description, unit=unit, file=sys.stderr, mininterval=0.5, leave=True,
+        if not self.terminal:
+            return _LineBar(description, total, unit, leave)
+        return tqdm(total=total, desc=description, unit=unit, file=sys.stderr, mininterval=0.5, leave=leave,
                     dynamic_ncols=True)
 
     def note(self, message: str) -> None:
         if self.enabled:
             tqdm.write(message, file=sys.stderr)
+
+    def wait(self, refs: list[ray.ObjectRef], description: str, unit: str, leave: bool = True) -> list:
+        """ray.get(refs), a bar advancing as they complete (in any order)."""
+        bar, pending = self.bar(description, len(refs), unit, leave), list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            bar.update(len(done))
+        bar.close()
+        return ray.get(refs)
 
 
 class InFlight:
