@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from memcl_ops import schema as S
+from memcl_ops.feature_cache import ContentCache
 
 
 class EncoderUnavailable(RuntimeError):
@@ -273,10 +274,14 @@ def is_encoder_name(name: str) -> bool:
     return name in ENCODER_NAMES or name.startswith(("open_clip:", "hf:"))
 
 
-def encode_checked(encoder: Encoder, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Encode a raw batch into a feature batch (ids and labels carried over)."""
+def encode_checked(encoder: Encoder, batch: pa.RecordBatch, cache: ContentCache | None = None) -> pa.RecordBatch:
+    """Encode a raw batch into a feature batch (ids and labels carried over); with `cache`, only the rows whose
+    payload it has not seen go through the encoder."""
     S.validate(batch, payload=encoder.payload)
-    feats = encoder.encode(batch)
+    if cache is None:
+        feats = encoder.encode(batch)
+    else:
+        feats = cache.encode(cache.digests(batch, encoder.payload), lambda rows: encoder.encode(batch.take(rows)))
     info = S.schema_info(batch.schema)
     return S.feature_batch(S.sample_ids_to_numpy(batch), feats, batch.column(S.LABEL), batch.column(S.TASK_ID),
                            stream=str(info.get("stream", "")), encoder=encoder.id)

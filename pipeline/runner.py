@@ -104,6 +104,8 @@ class Pipeline:
                  encoders: EncoderPool | None, inline: bool):
         self.config, self.spec, self.info, self.actors = config, spec, info, actors
         self.encoders, self.inline = encoders, inline  # inline: no feature cache, encode on the fly
+        # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
+        self.content_cache = config.runtime.cache_dir if inline and config.runtime.cache_dir else None
         self.expansions: ray.ObjectRef | None = None  # the monitor's verdict on the last batch, not yet applied
         self.method = method = spec.resolve(config.method)
         seed, threads, dim = config.seed, config.runtime.actor_threads, info.feature_dim
@@ -127,11 +129,17 @@ class Pipeline:
             self.roles.append("stage1")
         actors.get("stage2", Stage2Trainer, light, method, dim, seed, threads)
         self.roles.append("stage2")
-        self._use_statistics()
+        self._prepare_encoders()
 
-    def _use_statistics(self) -> None:
+    def _prepare_encoders(self) -> None:
         if self.merges:
             ray.get([r.use_statistics.remote(self.method.analytic, self.config.seed) for r in self.encoders.replicas])
+        if self.content_cache:
+            self.encoders.use_cache(self.content_cache)
+
+    def flush_cache(self) -> None:
+        if self.content_cache:
+            self.encoders.flush_cache()
 
     def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
         # pipe.memory, pipe.stage2, ...: the current handle of a role (it changes when a role is revived)
@@ -217,7 +225,7 @@ class Pipeline:
             self.actors.revive(role)
         if self.encoders is not None:
             self.encoders.revive()
-        self._use_statistics()
+        self._prepare_encoders()
         for split, (rows, feats) in features.items():
             ray.get(self.source.set_features.remote(split, rows, feats))
         self.restore(parts)
@@ -405,6 +413,7 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
         if board is not None:
             board.round(state)
 
+    pipe.flush_cache()
     metrics = collect_metrics(config, pipe, info, state, earlier + time.perf_counter() - started)
     report.write_run(run_dir, metrics)
     if board is not None:

@@ -116,3 +116,27 @@ def test_mixed_size_image_folder_runs_with_image_size(actors, tmp_path):
     assert metrics["samples"]["learned"] == metrics["samples"]["stream"] == 24
     assert metrics["class_names"] == ["circle", "square"]
     assert metrics["acc_matrix"][0][0] > 0.9  # left-bright against right-bright images
+
+
+def test_text_folder_goes_through_the_content_cache(actors, tmp_path):
+    rng = np.random.default_rng(2)
+    words = [["goal", "match", "team", "score"], ["vote", "party", "law", "minister"]]
+    root = tmp_path / "texts"
+    for split, n in (("train", 40), ("test", 10)):
+        (root / split).mkdir(parents=True)
+        for task in (0, 1):
+            labels = np.full(n, task)
+            texts = [" ".join(rng.choice(words[task], 5)) + f" {split}{i}" for i in range(n)]
+            batch = S.raw_batch(np.arange(n) + 100 * task, "text", texts, labels, labels)
+            pq.write_table(pa.Table.from_batches([batch]), root / split / f"{task}.parquet")
+    config = load_config(overrides={
+        "data.dataset": f"arrow:{root}", "data.payload": "text", "encoder.spec.name": "tiny", "encoder.spec.dim": 16,
+        "encoder.threads": 1, "method.name": "simplecil", "runtime.cache_dir": str(tmp_path / "cache"),
+        "runtime.out": str(tmp_path / "runs"), "runtime.progress": False, "runtime.actor_threads": 1})
+    first = runner.run(config, actors=actors)
+    files = sorted((tmp_path / "cache").glob("content-*/*.parquet"))
+    assert len(files) == 1 and pq.read_table(files[0]).num_rows == 2 * (40 + 10)  # every distinct row, once
+    again = runner.run(config, actors=actors)
+    assert sorted((tmp_path / "cache").glob("content-*/*.parquet")) == files  # nothing left to encode
+    np.testing.assert_array_equal(first["acc_matrix"], again["acc_matrix"])
+    assert first["samples"]["learned"] == 80 and first["summary"]["a_last"] > 0.9
