@@ -39,14 +39,14 @@ from actors.lm_trainer import LMTrainer
 from actors.memory_manager import MemoryManager
 from memcl_ops import metrics as M
 from memcl_ops import schema as S
-from memcl_ops.causal_lm import LMSpec
+from memcl_ops.causal_lm import LMSpec, check_lm_name
 from memcl_ops.lm_methods import ANSWER_NLL, LM_METHODS, MEMORY_METHODS, PREDICTION, LMMethodConfig, check_method
 from memcl_ops.lm_tasks import LMStreamSpec, TextTask, build_stream, exact_match
 from memcl_ops.miita import MemoryConfig
 from memcl_ops.router import RouterConfig
 from pipeline import report
 from pipeline.actor_cache import ActorCache
-from pipeline.config import dump_config
+from pipeline.config import ConfigError, dump_config
 from pipeline.progress import Progress
 from pipeline.runner import ensure_ray
 
@@ -214,7 +214,11 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, progr
     """Run every method (and budget) of `config` over its task stream; returns the metrics written to
     metrics.json. `actors`: reuse the actors of earlier runs (they are reset); by default they are killed after."""
     config = config or LMRunConfig()
-    specs = run_specs(config)
+    try:  # before Ray starts: a bad config fails at once, with one line
+        specs = run_specs(config)
+        check_lm_name(config.model.name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     own = actors is None
     actors = actors or ActorCache()
     try:

@@ -40,6 +40,8 @@ CASES = {  # argv -> words the one line must contain
     "run --set stream.task_free=true --set method.name=nsr": ["stream.task_free", "mars"],
     "bench fmnist-5x2 --methods mars,foo": ["method.name", "'foo'"],
     "lm --set budgetz=[1]": ["budgetz"],
+    "lm --set model.name=nope": ["model.name", "'nope'", "tiny:<arch>"],
+    "lm --set methods=[bogus]": ["bogus"],
     "run --set stream.tasks": ["key=value"],
 }
 
