@@ -44,9 +44,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\nrun folder: {metrics['run_dir']}")
     samples = metrics["samples"]
     if not samples["learned"]:  # a run that learned nothing is a failed run, whatever it wrote
-        reasons = ", ".join(f"{r} {n}" for r, n in samples["refused_by_reason"].items()) or "the stream has no rows"
-        print(f"memcl: error: nothing was learned: {samples['refused']} of {samples['stream']} rows refused "
-              f"({reasons}); the rows are in {metrics['run_dir']}/dead_letters/", file=sys.stderr)
+        if not samples["stream"]:
+            why = "the source streamed no rows"
+        else:
+            reasons = ", ".join(f"{r} {n}" for r, n in samples["refused_by_reason"].items())
+            why = (f"{samples['refused']} of {samples['stream']} rows refused ({reasons}); the rows are in "
+                   f"{metrics['run_dir']}/dead_letters/")
+        print(f"memcl: error: nothing was learned: {why}", file=sys.stderr)
         return 1
     return 0
 
