@@ -119,6 +119,12 @@ class Reports:
         self.queue = Queue(actor_options={"num_cpus": 0}) if listen else None
         self.losses: dict[str, list[float]] = {}
 
+    def close(self) -> None:
+        """End the queue's actor now (Ray ends it anyway once the last handle to it is gone)."""
+        if self.queue is not None:
+            self.queue.shutdown()
+            self.queue = None
+
     def take_losses(self) -> dict[str, list[float]]:
         """The losses per epoch reported since the last call, per label."""
         losses, self.losses = self.losses, {}

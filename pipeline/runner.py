@@ -413,6 +413,7 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
         if board is not None:
             board.round(state)
 
+    reports.close()
     pipe.flush_cache()
     metrics = collect_metrics(config, pipe, info, state, earlier + time.perf_counter() - started)
     report.write_run(run_dir, metrics)
