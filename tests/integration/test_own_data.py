@@ -91,6 +91,19 @@ def test_every_row_refused_exits_non_zero_with_the_reasons(ray_session, tmp_path
     assert "dead_letters" in err[-1]
 
 
+def test_an_empty_source_exits_non_zero(ray_session, tmp_path, capsys):
+    root = tmp_path / "empty"
+    (root / "train").mkdir(parents=True)
+    pq.write_table(pa.Table.from_batches([S.feature_batch(np.arange(0), np.zeros((0, DIM)))]),
+                   root / "train" / "000.parquet")
+    rc = cli.main(["run", "--set", f"data.dataset=arrow:{root}", "--set", f"data.feature_dim={DIM}",
+                   "--set", "method.name=finetune", "--set", f"runtime.out={tmp_path / 'runs'}",
+                   "--set", "runtime.progress=false"])
+    assert rc == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "memcl: error: nothing was learned: the source " \
+                                                               "streamed no rows"
+
+
 def write_images(root, sizes):
     rng = np.random.default_rng(1)
     for split in ("train", "test"):
