@@ -112,6 +112,7 @@ class Reports:
     a bar that counts its seconds. Nothing is reported unless bars are shown or `keep_losses`."""
 
     POLL_S = 0.5
+    QUIET_S = 10.0  # a call silent this long gets the seconds bar (a first epoch may take a few seconds)
 
     def __init__(self, progress: Progress, keep_losses: bool = False):
         self.progress = progress
@@ -134,12 +135,14 @@ class Reports:
         """ray.get(ref), showing what the actor reports meanwhile under the name `what`."""
         if self.queue is None:
             return ray.get(ref)
-        bars: dict[str, tqdm | _Silent] = {}
+        bars: dict[str, tqdm | _LineBar | _Silent] = {}
         started = time.perf_counter()
         while not ray.wait([ref], timeout=self.POLL_S)[0]:
             self._drain(bars, what)
-            if not bars and time.perf_counter() - started > 2:
-                bars[""] = self.progress.bar(what, None, unit="s")
+            if len(bars) > 1 and "" in bars:  # the call does report: its own bar replaces the seconds
+                bars.pop("").close()
+            if not bars and time.perf_counter() - started > self.QUIET_S:
+                bars[""] = self.progress.bar(f"{what} consolidate", None, unit="s", leave=False)
             if "" in bars:
                 bars[""].n = round(time.perf_counter() - started)
                 bars[""].refresh()
