@@ -12,6 +12,7 @@ from actors.clock import StageClock
 from memcl_ops import schema as S
 from memcl_ops.analytic import AnalyticConfig, AnalyticHead
 from memcl_ops.encoders import EncoderSpec, build_encoder, encode_checked
+from memcl_ops.feature_cache import ContentCache
 from memcl_ops.gate import empty_dead_letters, gate
 
 
@@ -26,6 +27,7 @@ class Encoder:
     def reset(self, spec: EncoderSpec, payload: str, threads: int) -> None:
         self.clock = StageClock()
         self.partial: AnalyticHead | None = None  # this replica's share of an analytic head's statistics
+        self.cache: ContentCache | None = None  # features by payload digest (`use_cache`)
         if getattr(self, "args", None) == (spec, payload, threads):
             return  # same frozen encoder: keep the loaded weights
         torch.set_num_threads(threads)
@@ -44,7 +46,8 @@ class Encoder:
         with self.clock.time("encode"):
             if batch is None:  # every row was refused upstream
                 return None, empty_dead_letters()
-            features, letters = gate(encode_checked(self.encoder, batch), S.Contract(feature_dim=self.encoder.dim))
+            features, letters = gate(encode_checked(self.encoder, batch, self.cache),
+                                     S.Contract(feature_dim=self.encoder.dim))
         if accumulate:
             if self.partial is None:
                 raise RuntimeError("encode(accumulate=True) before use_statistics: no analytic head to sum into")
@@ -53,6 +56,15 @@ class Encoder:
                 if len(y):
                     self.partial.update(x, y)
         return features, letters
+
+    def use_cache(self, root: str) -> None:
+        """Look features up by payload digest in the content cache under `root` before encoding (in-line encoding of
+        rows without a dataset index: an `arrow:` folder)."""
+        self.cache = ContentCache(root, self.encoder.id)
+
+    def flush_cache(self) -> int:
+        """Write the rows encoded since the last flush into the content cache; returns how many."""
+        return self.cache.flush() if self.cache is not None else 0
 
     def use_statistics(self, config: AnalyticConfig, seed: int) -> None:
         """Sum an analytic head's statistics (its feature map: `config`, `seed`) of the batches encoded with

@@ -6,11 +6,14 @@ import numpy as np
 import pyarrow as pa
 import ray
 import torch
+from ray.util.queue import Queue
 
 from actors.batches import labelled_block
 from actors.clock import StageClock
+from actors.progress import epoch_reporter
 from memcl_ops.dcda import Stage1Config, train_stage1
 from memcl_ops.router import RouterConfig, SlotRouter
+from memcl_ops.training import report_epochs
 
 
 @ray.remote
@@ -25,9 +28,11 @@ class Stage1Trainer:
         self.losses: list[list[float]] = []
         self.clock = StageClock()
 
-    def train(self, memory_state: dict[str, np.ndarray], *batches: pa.RecordBatch) -> dict[str, np.ndarray]:
-        """Return the memory state after stage 1 on `batches` (the classifier is not involved)."""
-        with self.clock.time("stage1"):
+    def train(self, memory_state: dict[str, np.ndarray], *batches: pa.RecordBatch,
+              progress: Queue | None = None) -> dict[str, np.ndarray]:
+        """Return the memory state after stage 1 on `batches` (the classifier is not involved); each epoch is
+        reported on `progress` if given."""
+        with self.clock.time("stage1"), report_epochs(epoch_reporter(progress, "stage 1")):
             router = SlotRouter(self.feature_dim, self.router_config)
             router.load_state(memory_state)
             x, y, _ = labelled_block(batches)

@@ -10,12 +10,15 @@ import numpy as np
 import pyarrow as pa
 import ray
 import torch
+from ray.util.queue import Queue
 
 from actors.batches import labelled_block
 from actors.clock import StageClock
+from actors.progress import epoch_reporter
 from memcl_ops import schema as S
 from memcl_ops.methods import MethodConfig, build_head, method_spec
 from memcl_ops.router import SlotRouter
+from memcl_ops.training import report_epochs
 
 
 @ray.remote
@@ -41,18 +44,20 @@ class Stage2Trainer:
         self.memory.load_state(memory_state)
         self.memory.requires_grad_(False)
 
-    def train(self, memory_state: dict[str, np.ndarray] | None, *batches: pa.RecordBatch) -> dict[str, float]:
-        return self._train(memory_state, batches, self.learner.fit)
+    def train(self, memory_state: dict[str, np.ndarray] | None, *batches: pa.RecordBatch,
+              progress: Queue | None = None) -> dict[str, float]:
+        """Fit the head on `batches`; each training epoch is reported on `progress` if given."""
+        return self._train(memory_state, batches, self.learner.fit, progress)
 
     def train_merged(self, statistics: dict[str, np.ndarray], memory_state: dict[str, np.ndarray] | None,
-                     *batches: pa.RecordBatch) -> dict[str, float]:
+                     *batches: pa.RecordBatch, progress: Queue | None = None) -> dict[str, float]:
         """`train` for an analytic head whose statistics (these batches included) the encoder replicas summed and
         the MemoryManager merged: the learner re-solves from them instead of summing the block itself."""
-        return self._train(memory_state, batches, partial(self.learner.fit_merged, statistics))
+        return self._train(memory_state, batches, partial(self.learner.fit_merged, statistics), progress)
 
     def _train(self, memory_state: dict[str, np.ndarray] | None, batches: tuple[pa.RecordBatch, ...],
-               fit: Callable[..., dict[str, float]]) -> dict[str, float]:
-        with self.clock.time("stage2"):
+               fit: Callable[..., dict[str, float]], progress: Queue | None) -> dict[str, float]:
+        with self.clock.time("stage2"), report_epochs(epoch_reporter(progress, "stage 2")):
             self._set_memory(memory_state)
             x, y, ids = labelled_block(batches)
             self.learned.append(ids)

@@ -9,6 +9,7 @@ import ray
 
 from actors.clock import StageClock
 from memcl_ops import schema as S
+from memcl_ops.datasets import DatasetUnavailable
 from memcl_ops.gate import gate
 from memcl_ops.sources import SourceSpec, StreamInfo, build_stream
 from memcl_ops.streams import StreamSpec
@@ -17,10 +18,18 @@ from memcl_ops.streams import StreamSpec
 @ray.remote
 class StreamSource:
     def __init__(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None):
-        self.reset(source, stream, max_batch_rows)
+        # Data that cannot be read is the user's error: kept and raised by describe(), the runner's first call,
+        # because a method's exception reaches the driver as itself, a constructor's only as a log and a text.
+        self.unreadable: Exception | None = None
+        try:
+            self.reset(source, stream, max_batch_rows)
+        except (ValueError, OSError, DatasetUnavailable) as err:
+            self.unreadable = err
 
     def reset(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None) -> None:
+        self.unreadable = None
         if getattr(self, "args", None) != (source, stream):  # keep a loaded dataset when nothing changed
+            self.args = None
             self.stream = build_stream(source, stream)
             self.args = (source, stream)
         self.info: StreamInfo = self.stream.describe()
@@ -28,6 +37,8 @@ class StreamSource:
         self.clock = StageClock()
 
     def describe(self) -> StreamInfo:
+        if self.unreadable is not None:
+            raise self.unreadable
         return self.info
 
     def contract(self) -> S.Contract:

@@ -124,8 +124,15 @@ def load_lm(spec: LMSpec) -> CausalLM:
     elif spec.name.startswith("tiny:"):
         model, tokenizer = tiny_causal_lm(spec.name.split(":", 1)[1], spec.seed)
     else:
-        raise ValueError(f"unknown causal LM {spec.name!r}; expected {SMOLLM2!r}, hf:<local folder> or tiny:<arch>")
+        check_lm_name(spec.name)
     return CausalLM(model, tokenizer, spec)
+
+
+def check_lm_name(name: str) -> None:
+    """Refuse a model name `load_lm` does not know (checked before anything is loaded)."""
+    if name != SMOLLM2 and not name.startswith(("hf:", "tiny:")):
+        raise ValueError(f"model.name: unknown causal LM {name!r}; accepted: {SMOLLM2}, hf:<local folder>, "
+                         "tiny:<arch>")
 
 
 def byte_tokenizer() -> object:

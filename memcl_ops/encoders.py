@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from memcl_ops import schema as S
+from memcl_ops.feature_cache import ContentCache
 
 
 class EncoderUnavailable(RuntimeError):
@@ -262,14 +263,25 @@ def build_encoder(spec: EncoderSpec, payload: str = S.IMAGE) -> Encoder:
         return hf_encoder(spec)
     if name == "tiny":
         return TinyEncoder(spec, payload)
-    raise ValueError(f"unknown encoder {name!r}; expected efficientnet-lite0, minilm, open_clip:<model>, hf:<path> "
-                     "or tiny")
+    raise ValueError(f"unknown encoder {name!r}; expected {', '.join(ENCODER_NAMES)}")
 
 
-def encode_checked(encoder: Encoder, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Encode a raw batch into a feature batch (ids and labels carried over)."""
+ENCODER_NAMES = ("efficientnet-lite0", "minilm", "tiny", "open_clip:<model>", "hf:<path>")
+
+
+def is_encoder_name(name: str) -> bool:
+    """Whether `build_encoder` knows `name` (checked before any weights are loaded)."""
+    return name in ENCODER_NAMES or name.startswith(("open_clip:", "hf:"))
+
+
+def encode_checked(encoder: Encoder, batch: pa.RecordBatch, cache: ContentCache | None = None) -> pa.RecordBatch:
+    """Encode a raw batch into a feature batch (ids and labels carried over); with `cache`, only the rows whose
+    payload it has not seen go through the encoder."""
     S.validate(batch, payload=encoder.payload)
-    feats = encoder.encode(batch)
+    if cache is None:
+        feats = encoder.encode(batch)
+    else:
+        feats = cache.encode(cache.digests(batch, encoder.payload), lambda rows: encoder.encode(batch.take(rows)))
     info = S.schema_info(batch.schema)
     return S.feature_batch(S.sample_ids_to_numpy(batch), feats, batch.column(S.LABEL), batch.column(S.TASK_ID),
                            stream=str(info.get("stream", "")), encoder=encoder.id)

@@ -70,3 +70,52 @@ class FeatureCache:
         tmp = self.path(key).with_suffix(f".tmp{os.getpid()}")
         pq.write_table(table, tmp)
         os.replace(tmp, self.path(key))
+
+
+class ContentCache:
+    """Features of raw rows keyed by a digest of their payload, for streams whose rows have no fixed dataset index
+    (an `arrow:` folder): a re-run, and every evaluation after the first, encodes only rows it has not seen.
+
+    One folder per encoder id under the cache root; each writer (an encoder replica) adds its new rows as a file
+    of its own (`flush`), so replicas never write the same file, and a reader merges them all.
+    """
+
+    def __init__(self, root: str | Path, encoder_id: str):
+        self.folder = Path(root) / f"content-{encoder_id}".replace("/", "_").replace(":", "_")
+        self.known: dict[bytes, np.ndarray] = {}
+        for path in sorted(self.folder.glob("*.parquet")):
+            table = pq.read_table(path)
+            if table.num_rows:
+                batch = table.combine_chunks().to_batches()[0]
+                self.known.update(zip(batch.column("digest").to_pylist(), column_matrix(batch, "features")))
+        self.added: list[bytes] = []
+
+    @staticmethod
+    def digests(batch: pa.RecordBatch, payload: str) -> list[bytes]:
+        """One digest per row of the payload column's value (images: their pixels and shape)."""
+        shape = (batch.schema.metadata or {}).get(b"image_shape", b"")
+        return [hashlib.sha1(shape + repr(v).encode()).digest() for v in batch.column(payload).to_pylist()]
+
+    def encode(self, digests: list[bytes], encode_rows) -> np.ndarray:
+        """Features of every row: the known ones looked up, the others from `encode_rows(positions)` and kept."""
+        missing = [i for i, d in enumerate(digests) if d not in self.known]
+        if missing:
+            for i, feats in zip(missing, encode_rows(np.array(missing, dtype=np.int64))):
+                if digests[i] not in self.known:
+                    self.added.append(digests[i])
+                self.known[digests[i]] = np.asarray(feats, dtype=np.float32)
+        return np.stack([self.known[d] for d in digests]) if digests else np.zeros((0, 0), np.float32)
+
+    def flush(self) -> int:
+        """Write the rows added since the last flush to a new file; returns how many."""
+        if not self.added:
+            return 0
+        table = pa.table({"digest": pa.array(self.added, pa.binary()),
+                          "features": matrix_to_arrow(np.stack([self.known[d] for d in self.added]))})
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{os.getpid()}-{os.urandom(6).hex()}.parquet"
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+        added, self.added = len(self.added), []
+        return added

@@ -2,9 +2,9 @@
 
 * `DatasetStream`: a real dataset cut into class-incremental tasks by a `StreamPlan` (raw payload, or
   features once the encoder/cache has provided them);
-* `ArrowDirStream`: the user's own stream, a folder of Arrow IPC files read in name order
-  (`train/*.arrow`, optional `test/*.arrow`); files may hold anything, malformed batches included;
-  the boundary gate sorts them out;
+* `ArrowDirStream`: the user's own stream, a folder of Parquet or Arrow IPC files read in name order
+  (`train/`, optional `test/`), re-batched by the stream's batch size; files may hold anything, malformed
+  batches included; the boundary gate sorts them out;
 * `DriftStream`: a long-horizon non-stationary stream generated in feature space (stress tests):
   recurring tasks, gradual drift of every class mean, and abrupt shifts into new regions.
 
@@ -14,17 +14,27 @@ Visits are the units the runner consolidates and evaluates after (a task's stret
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from memcl_ops import schema as S
-from memcl_ops.datasets import Dataset, SyntheticSpec, load_dataset, make_synthetic
-from memcl_ops.streams import StreamPlan, StreamSpec, make_plan
+from memcl_ops.datasets import (
+    DATASETS,
+    Dataset,
+    DatasetUnavailable,
+    SyntheticSpec,
+    load_dataset,
+    make_synthetic,
+    missing_parts,
+)
+from memcl_ops.streams import StreamPlan, StreamSpec, make_plan, task_classes
 
 
 @dataclass
@@ -122,81 +132,159 @@ class DatasetStream:
                            stream=self.dataset.name)
 
 
-def _read_arrow(path: Path) -> pa.RecordBatch:
-    """One IPC file (file or stream format) as one batch; unreadable files become a one-row error batch."""
+ARROW_SUFFIXES = (".arrow", ".ipc", ".feather", ".parquet")  # the file kinds an arrow:<folder> stream reads
+CLASS_NAMES_KEY = b"class_names"  # schema metadata: a JSON list, name of label i at position i
+CLASS_NAMES_FILE = "classes.txt"  # or a sidecar in the folder: one name per line, line i names label i
+
+
+def _read_table(path: Path) -> pa.Table:
+    """One Parquet or Arrow IPC (file or stream format) file; an unreadable one becomes a one-row error table that
+    the gate dead-letters."""
     try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
         try:
-            table = pa.ipc.open_file(path).read_all()
+            return pa.ipc.open_file(path).read_all()
         except pa.ArrowInvalid:
-            table = pa.ipc.open_stream(path.read_bytes()).read_all()
+            return pa.ipc.open_stream(path.read_bytes()).read_all()
     except (pa.ArrowInvalid, OSError) as err:
-        return pa.RecordBatch.from_pydict({"unreadable_file": [str(path)], "error": [str(err)]})
-    batches = table.combine_chunks().to_batches()
-    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+        return pa.table({"unreadable_file": [str(path)], "error": [str(err)]})
 
 
-def _first_task(batch: pa.RecordBatch) -> int | None:
-    idx = batch.schema.get_field_index(S.TASK_ID)
-    if idx < 0 or not pa.types.is_integer(batch.schema.field(idx).type):
+def _first_task(table: pa.Table) -> int | None:
+    idx = table.schema.get_field_index(S.TASK_ID)
+    if idx < 0 or not pa.types.is_integer(table.schema.field(idx).type):
         return None
-    values = pc.drop_null(batch.column(idx))
+    values = pc.drop_null(table.column(idx))
     return int(values[0].as_py()) if len(values) else None
 
 
+def data_files(folder: Path) -> list[Path]:
+    """The Parquet and Arrow IPC files of one split folder, in name order."""
+    return sorted(p for p in folder.iterdir() if p.suffix in ARROW_SUFFIXES) if folder.is_dir() else []
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One batch of an Arrow folder stream: `length` rows of one file from row `offset`."""
+
+    path: Path
+    offset: int
+    length: int
+
+
 class ArrowDirStream:
-    """A folder of Arrow IPC files: `train/*.arrow` in name order is the stream, `test/*.arrow` the
-    evaluation data (rows carry their `task_id`). A new visit starts where the first non-null task_id
-    of a train file differs from the current one. Files are read lazily, one per call."""
+    """A folder of Parquet or Arrow IPC files: `train/` in name order is the stream, `test/` the evaluation data
+    (rows carry their `task_id`). Files hold any number of rows; each is cut into batches of `batch_size` rows
+    (a batch never spans two files, which may differ in schema). A new visit starts where the first non-null
+    task_id of a train file differs from the current one. Files are read lazily, one at a time."""
 
     def __init__(self, root: str | Path, payload: str, labels: list[int] | None = None,
-                 feature_dim: int | None = None):
+                 feature_dim: int | None = None, batch_size: int = 256):
         self.root = Path(root)
         if not (self.root / "train").is_dir():
-            raise FileNotFoundError(f"{self.root}: an Arrow stream folder needs a train/ sub-folder of *.arrow files")
+            raise FileNotFoundError(f"{self.root}: an Arrow stream folder needs a train/ sub-folder of "
+                                    f"{'/'.join(ARROW_SUFFIXES)} files")
         if payload == "features" and feature_dim is None:
             raise ValueError(f"{self.root}: a feature stream needs data.feature_dim (the width the learner accepts)")
-        self.payload, self.labels, self.feature_dim = payload, labels, feature_dim
-        self.train_files = sorted((self.root / "train").glob("*.arrow"))
-        self.test_files = sorted((self.root / "test").glob("*.arrow")) if (self.root / "test").is_dir() else []
+        self.payload, self.labels, self.feature_dim, self.batch_size = payload, labels, feature_dim, batch_size
+        self.train_files = data_files(self.root / "train")
+        self.test_files = data_files(self.root / "test")
+        self._open: tuple[Path, pa.Table] | None = None  # the file read last (its batches are asked for in order)
         task_order: dict[int, int] = {}
-        self.visit_files: list[list[Path]] = []
+        self.visit_slices: list[list[Slice]] = []
         self.visits: list[int] = []
         self.num_rows = 0
+        self.class_names = self._sidecar_names()
+        self.task_labels: dict[int, set[int]] = {}  # the labels each task's rows carry (for tables and plots)
         for path in self.train_files:
-            batch = _read_arrow(path)
-            self.num_rows += batch.num_rows
-            task = _first_task(batch)
+            table = self._table(path)
+            self.num_rows += table.num_rows
+            self.class_names = self.class_names or _metadata_names(table.schema)
+            task = _first_task(table)
             index = task_order.setdefault(task, len(task_order)) if task is not None else None
             if not self.visits or (index is not None and index != self.visits[-1]):
                 self.visits.append(0 if index is None else index)
-                self.visit_files.append([])
-            self.visit_files[-1].append(path)
+                self.visit_slices.append([])
+            self.visit_slices[-1] += self._slices(path, table.num_rows)
+            self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
         self.task_ids = sorted(task_order, key=task_order.get)
-        self.tests: dict[int, list[pa.RecordBatch]] = {}
+        self.tests: dict[int, list[Slice]] = {}
         for path in self.test_files:
-            batch = _read_arrow(path)
-            task = _first_task(batch)
+            table = self._table(path)
+            task = _first_task(table)
             if task is not None and task in task_order:
-                self.tests.setdefault(task_order[task], []).append(batch)
+                self.tests.setdefault(task_order[task], []).extend(self._slices(path, table.num_rows))
+
+    def _slices(self, path: Path, rows: int) -> list[Slice]:
+        # an empty file still yields one (empty) batch, so every file of the folder is accounted for
+        return [Slice(path, a, min(self.batch_size, rows - a)) for a in range(0, max(rows, 1), self.batch_size)]
+
+    def _table(self, path: Path) -> pa.Table:
+        if self._open is None or self._open[0] != path:
+            self._open = (path, _read_table(path))
+        return self._open[1]
+
+    def _batch(self, piece: Slice) -> pa.RecordBatch:
+        table = self._features_as_contract(self._table(piece.path).slice(piece.offset, piece.length))
+        batches = table.combine_chunks().to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+    def _features_as_contract(self, table: pa.Table) -> pa.Table:
+        """Feature lists of any float type and list kind (numpy's float64, pandas' variable-length lists) as the
+        fixed_size_list<float32, feature_dim> the learner takes, when every row has that length; otherwise the
+        table is left as it is and the gate refuses what breaks the contract."""
+        idx = table.schema.get_field_index(S.FEATURES)
+        if self.payload != "features" or idx < 0:
+            return table
+        target = pa.list_(pa.float32(), self.feature_dim)
+        typ = table.schema.field(idx).type
+        if typ == target or not (pa.types.is_list(typ) or pa.types.is_large_list(typ)
+                                 or pa.types.is_fixed_size_list(typ)) or not pa.types.is_floating(typ.value_type):
+            return table
+        try:
+            column = pc.cast(table.column(idx), target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return table
+        return table.set_column(idx, table.schema.field(idx).with_type(target), column)
+
+    def _sidecar_names(self) -> list[str] | None:
+        path = self.root / CLASS_NAMES_FILE
+        return [line.strip() for line in path.read_text().splitlines()] if path.is_file() else None
 
     def describe(self) -> StreamInfo:
         tasks = max(len(self.task_ids), 1)
+        listing = [f"{p.name}:{p.stat().st_size}".encode() for p in (*self.train_files, *self.test_files)]
         return StreamInfo(
-            name=f"arrow:{self.root.name}", payload=self.payload, task_classes=[[] for _ in range(tasks)],
-            visits=self.visits, visit_batches=[len(f) for f in self.visit_files],
+            name=f"arrow:{self.root.name}", payload=self.payload,
+            task_classes=[sorted(self.task_labels.get(t, ())) for t in range(tasks)],
+            visits=self.visits, visit_batches=[len(s) for s in self.visit_slices],
             test_batches=[len(self.tests.get(t, [])) for t in range(tasks)],
             num_samples=self.num_rows, labels=self.labels, feature_dim=self.feature_dim,
-            fingerprint=_fingerprint([np.frombuffer(str(p.name).encode(), np.uint8) for p in self.train_files]),
-            extra={"task_ids": self.task_ids})
+            fingerprint=_fingerprint([np.frombuffer(b"".join(listing), np.uint8), np.array([self.batch_size])]),
+            extra={"task_ids": self.task_ids, **({"class_names": self.class_names} if self.class_names else {})})
 
     def train_batch(self, visit: int, index: int) -> pa.RecordBatch:
-        return _read_arrow(self.visit_files[visit][index])
+        return self._batch(self.visit_slices[visit][index])
 
     def test_batch(self, task: int, index: int, after_visit: int) -> pa.RecordBatch:
-        return self.tests[task][index]
+        return self._batch(self.tests[task][index])
 
     def visit_tasks(self, visit: int) -> list[int]:
         return [self.visits[visit]]
+
+
+def _labels(table: pa.Table) -> list[int]:
+    """The distinct valid labels of a table (none if its label column is missing or not integer)."""
+    idx = table.schema.get_field_index(S.LABEL)
+    if idx < 0 or not pa.types.is_integer(table.schema.field(idx).type):
+        return []
+    return [v for v in pc.unique(pc.drop_null(table.column(idx))).to_pylist() if v >= 0]
+
+
+def _metadata_names(schema: pa.Schema) -> list[str] | None:
+    raw = (schema.metadata or {}).get(CLASS_NAMES_KEY)
+    return [str(n) for n in json.loads(raw)] if raw else None
 
 
 @dataclass(frozen=True)
@@ -311,9 +399,10 @@ class SourceSpec:
     dataset: str = "fashion-mnist"  # a memcl_ops.datasets name, image-folder:<path>, synthetic, drift, arrow:<folder>
     synthetic: SyntheticSpec = SyntheticSpec()  # dataset == "synthetic"
     drift: DriftSpec = DriftSpec()  # dataset == "drift"
-    payload: str = "features"  # arrow:<folder>: what the batches carry (image, text or features)
+    payload: Literal["image", "text", "features"] = "features"  # arrow:<folder>: what the batches carry
     labels: tuple[int, ...] | None = None  # arrow:<folder>: the label set to accept (None: any label >= 0)
     feature_dim: int | None = None  # arrow:<folder> with features: the width to accept
+    image_size: int | None = None  # image-folder:<path>: resize every image to this square (mixed sizes need it)
 
 
 def build_stream(source: SourceSpec, stream: StreamSpec) -> Stream:
@@ -321,6 +410,48 @@ def build_stream(source: SourceSpec, stream: StreamSpec) -> Stream:
         return DriftStream(source.drift, stream.task_free)
     if source.dataset.startswith("arrow:"):
         return ArrowDirStream(source.dataset.split(":", 1)[1], source.payload,
-                              list(source.labels) if source.labels is not None else None, source.feature_dim)
-    dataset = make_synthetic(source.synthetic) if source.dataset == "synthetic" else load_dataset(source.dataset)
+                              list(source.labels) if source.labels is not None else None, source.feature_dim,
+                              stream.batch_size)
+    dataset = (make_synthetic(source.synthetic) if source.dataset == "synthetic"
+               else load_dataset(source.dataset, source.image_size))
     return DatasetStream(dataset, stream)
+
+
+def check_source(source: SourceSpec, stream: StreamSpec) -> None:
+    """What can be checked about a run's data without loading it (so a bad config is refused before any actor
+    starts): the dataset name, that its files or packages are here, the folder layout of own data, and that the
+    classes split into the asked-for tasks. Raises ValueError (DatasetUnavailable when something is not installed)
+    naming the config key."""
+    name = source.dataset
+    kind, _, path = name.partition(":")
+    if name == "drift":
+        return
+    if name == "synthetic":
+        _check_split(source.synthetic.classes, stream, name)
+    elif kind == "arrow":
+        files = data_files(Path(path) / "train")
+        if not files:
+            raise ValueError(f"data.dataset: {path}/train/ holds no {', '.join(ARROW_SUFFIXES)} files "
+                             "(an arrow:<folder> stream needs <folder>/train/, optional <folder>/test/)")
+        if source.payload == "features" and source.feature_dim is None:
+            raise ValueError(f"data.feature_dim: {name} carries features (data.payload=features); set the width "
+                             "the learner accepts, or data.payload=image / text for raw rows")
+    elif kind == "image-folder":
+        if not all((Path(path) / split).is_dir() for split in ("train", "test")):
+            raise ValueError(f"data.dataset: {path} must contain train/<class>/ and test/<class>/ sub-folders")
+    elif name in DATASETS:
+        missing = missing_parts(DATASETS[name])
+        if missing:
+            raise DatasetUnavailable(f"data.dataset: {name} needs {missing[0]}, which is not on this machine "
+                                     "(scripts/setup.sh installs every built-in dataset)")
+        _check_split(DATASETS[name].num_classes, stream, name)
+    else:
+        raise ValueError(f"data.dataset: unknown dataset {name!r}; accepted: {', '.join(DATASETS)}, synthetic, "
+                         "drift, arrow:<folder>, image-folder:<folder>")
+
+
+def _check_split(num_classes: int, stream: StreamSpec, name: str) -> None:
+    try:
+        task_classes(num_classes, stream)
+    except ValueError as err:
+        raise ValueError(f"stream.tasks: {name}: {err}") from None

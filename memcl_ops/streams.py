@@ -40,7 +40,10 @@ class StreamSpec:
 
     def __post_init__(self) -> None:
         if self.tasks < 1 or self.batch_size < 1:
-            raise ValueError("a stream needs at least one task and a positive batch size")
+            raise ValueError(f"tasks and batch_size must be at least 1, got tasks={self.tasks}, "
+                             f"batch_size={self.batch_size}")
+        if self.visits is not None and any(not 0 <= v < self.tasks for v in self.visits):
+            raise ValueError(f"visits {list(self.visits)} name tasks outside 0..{self.tasks - 1}")
         if self.task_classes is not None and (len(self.task_classes) != self.tasks
                                               or not all(self.task_classes)):
             raise ValueError(f"task_classes must list {self.tasks} non-empty tasks, got {self.task_classes}")
@@ -60,8 +63,9 @@ def task_classes(num_classes: int, spec: StreamSpec) -> list[list[int]]:
         order = np.random.RandomState(spec.class_order_seed).permutation(num_classes)
     if spec.first_task_classes is None:
         if num_classes % spec.tasks:
-            raise ValueError(f"{num_classes} classes do not split evenly into {spec.tasks} tasks; "
-                             "set first_task_classes")
+            divisors = [n for n in range(1, num_classes + 1) if num_classes % n == 0]
+            raise ValueError(f"{num_classes} classes do not split evenly into {spec.tasks} tasks: tasks accepts "
+                             f"{', '.join(map(str, divisors))}, or set first_task_classes")
         sizes = [num_classes // spec.tasks] * spec.tasks
     else:
         rest = num_classes - spec.first_task_classes
@@ -136,8 +140,6 @@ def make_plan(train_labels: np.ndarray, test_labels: np.ndarray, num_classes: in
     train_rows = [_subsample(train_labels, cs, spec.train_per_class, rng) for cs in classes]
     test_rows = [_subsample(test_labels, cs, spec.test_per_class, rng) for cs in classes]
     visits = list(spec.visits) if spec.visits is not None else list(range(spec.tasks))
-    if any(not 0 <= v < spec.tasks for v in visits):
-        raise ValueError(f"visits {visits} name tasks outside 0..{spec.tasks - 1}")
     plan = StreamPlan(spec, classes, train_rows, test_rows, visits)
     for v in visits:
         plan.visit_rows.append(rng.permutation(train_rows[v]))

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+EpochHook = Callable[[int, int, float], None]  # (epochs done, epochs in all, the epoch's mean loss), after each epoch
+# Observers of every `optimize` loop running in this process (an actor's progress report to the driver). A listener
+# list rather than an argument: the loop sits under every method's head, and none of them need to know.
+_epoch_hooks: list[EpochHook] = []
+
+
+@contextmanager
+def report_epochs(hook: EpochHook | None) -> Iterator[None]:
+    """Call `hook` after each epoch of every `optimize` loop run inside the block."""
+    if hook is None:
+        yield
+        return
+    _epoch_hooks.append(hook)
+    try:
+        yield
+    finally:
+        _epoch_hooks.remove(hook)
 
 
 @dataclass(frozen=True)
@@ -27,7 +46,7 @@ def optimize(parameters: Iterable[torch.nn.Parameter], loss_on: Callable[[torch.
     optimizer = torch.optim.Adam(params, lr=config.lr)
     generator = torch.Generator().manual_seed(seed)
     history = []
-    for _ in range(config.epochs):
+    for epoch in range(config.epochs):
         order = torch.randperm(num_samples, generator=generator)
         total = 0.0
         for start in range(0, num_samples, config.batch_size):
@@ -39,4 +58,6 @@ def optimize(parameters: Iterable[torch.nn.Parameter], loss_on: Callable[[torch.
                 optimizer.step()
             total += float(loss.detach()) * len(idx)
         history.append(total / num_samples)
+        for hook in _epoch_hooks:
+            hook(epoch + 1, config.epochs, history[-1])
     return history

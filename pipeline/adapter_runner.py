@@ -127,13 +127,15 @@ class AdapterPipeline:
             in_flight.add(self.trainer.train.remote(batches.popleft()))
         in_flight.drain()
         t_train = time.perf_counter()
-        ended = ray.get(self.trainer.end_task.remote(self.memory is not None, *tests))
+        what = f"task {task + 1}/{len(info.task_classes)} (visit {v + 1}/{len(info.visits)})"
+        ended = bars.wait([self.trainer.end_task.remote(self.memory is not None, *tests)], f"{what} compress and test",
+                          "call", leave=False)[0]
         if self.memory is not None:
             evicted = ray.get(self.memory.store_task.remote(task, key, self.trainer.snapshot.remote(),
                                                             ended["acc_stored"]))
             ended["evicted"] = evicted
         seen = state.seen_tasks + ([] if returning else [task])
-        accuracy = self.evaluate(seen, task, ended, v, letters)
+        accuracy = self.evaluate(seen, task, ended, v, letters, bars, what)
         refused = [t for t in ray.get(letters) if t.num_rows]
         arrival = ray.get(plan)
         ended.update(visit=v, task=task, arrival=arrival.kind, accuracy=accuracy,
@@ -142,7 +144,8 @@ class AdapterPipeline:
         return {"log": ended, "seen": seen, "dead": pa.concat_tables(refused) if refused else None,
                 "seconds": {"stream": t_train - t0, "evaluate": time.perf_counter() - t_train}}
 
-    def evaluate(self, seen: list[int], active: int, ended: dict, v: int, letters: list) -> dict[int, float]:
+    def evaluate(self, seen: list[int], active: int, ended: dict, v: int, letters: list, bars: Progress,
+                 what: str) -> dict[int, float]:
         """Each seen task through its bank entry (bank allocation; the active capacity for an evicted task), or
         through the active capacity (memoryless allocations: one task solution held at a time)."""
         refs = {}
@@ -152,7 +155,8 @@ class AdapterPipeline:
             entry = self.memory.bank_entry.remote(t) if self.memory is not None else None
             refs[t] = self.trainer.evaluate_entry.remote(entry, self.info.task_classes[t],
                                                          *self.test_refs(t, v, letters))
-        accuracy = {t: float(a) for t, a in zip(refs, ray.get(list(refs.values())))}
+        scores = bars.wait(list(refs.values()), f"{what} evaluate", "task", leave=False)
+        accuracy = {t: float(a) for t, a in zip(refs, scores)}
         accuracy[active] = ended["acc_stored"] if self.memory is not None else ended["acc_live"]
         return dict(sorted(accuracy.items()))
 
@@ -234,6 +238,7 @@ def adapter_metrics(config: RunConfig, pipe: AdapterPipeline, info: StreamInfo, 
         "dataset": info.name,
         "seed": config.seed,
         "task_classes": info.task_classes,
+        "class_names": info.extra.get("class_names"),
         "visits": info.visits,
         "acc_matrix": acc.tolist(),
         "summary": M.Summary.of(first_visits).as_dict() if first_visits.size else {},

@@ -1,11 +1,5 @@
-"""`memcl`: the one entry point.
-
-    memcl run [--config FILE] [--address auto] [--out DIR] [--seed N] [--resume RUN_DIR] [--set key=value ...]
-    memcl report RUN_DIR
-    memcl bench SUITE [--seeds 3] [--methods a,b,...] [--out DIR] [--set key=value ...]
-    memcl bench throughput [--images 2560] [--image-size 64] [--repeats 3]
-    memcl lm [--config FILE] [--address auto] [--out DIR] [--seed N] [--set key=value ...]
-"""
+"""`memcl`: the one entry point. `memcl <command> --help` describes each command; `--debug` on any of them
+shows the full traceback of an error (otherwise an error is one line on stderr and a non-zero exit)."""
 
 from __future__ import annotations
 
@@ -21,11 +15,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def _overrides(args: argparse.Namespace) -> dict:
+    from pipeline.config import ConfigError
+
     out = {}
     for item in args.set or []:
         key, _, value = item.partition("=")
         if not key or not _:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
+            raise ConfigError(f"--set expects key=value (e.g. --set stream.tasks=5), got {item!r}")
         out[key] = yaml.safe_load(value)
     if getattr(args, "address", None):
         out["runtime.address"] = args.address
@@ -46,6 +42,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics = runner.run(load_config(args.config, _overrides(args)))
     print(report.summary_table(metrics))
     print(f"\nrun folder: {metrics['run_dir']}")
+    samples = metrics["samples"]
+    if not samples["learned"]:  # a run that learned nothing is a failed run, whatever it wrote
+        if not samples["stream"]:
+            why = "the source streamed no rows"
+        else:
+            reasons = ", ".join(f"{r} {n}" for r, n in samples["refused_by_reason"].items())
+            why = (f"{samples['refused']} of {samples['stream']} rows refused ({reasons}); the rows are in "
+                   f"{metrics['run_dir']}/dead_letters/")
+        print(f"memcl: error: nothing was learned: {why}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -79,9 +85,9 @@ def cmd_stress(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pipeline import report
+    from pipeline import preflight, report
 
-    run_dir = Path(args.run_dir)
+    run_dir = preflight.run_folder(args.run_dir, "metrics.json")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     if "runs" in metrics:  # a `memcl lm` folder: several runs side by side
         from pipeline import lm_runner
@@ -103,14 +109,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(table(rows))
         print(f"throughput.csv and throughput.png: {Path(args.bench_out) / 'throughput'}")
         return 0
-    from pipeline import bench
+    from pipeline import bench, preflight
 
     folder = Path(args.bench_out) / args.suite
     if args.render:
         rows = bench.read_runs(folder)
         bench.write_results(folder, bench.suite(args.suite), rows, max(r.seed for r in rows) + 1)
     else:
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+        methods = [preflight.method(m.strip()).name for m in args.methods.split(",") if m.strip()] \
+            if args.methods else None
         rows = bench.bench(args.suite, seeds=args.seeds, methods=methods, out=args.bench_out,
                            overrides=_overrides(args), progress=args.progress)
     print()
@@ -119,46 +126,94 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memcl", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.what == "methods":
+        from memcl_ops.methods import METHODS
 
-    run = sub.add_parser("run", help="run one continual-learning stream (the embedded default without --config)")
-    run.add_argument("--config", help="YAML file overriding the embedded default")
+        rows = [(name, spec.role, spec.summary) for name, spec in METHODS.items()]
+    elif args.what == "datasets":
+        from memcl_ops.datasets import DATASETS, missing_parts
+
+        rows = [(name, f"{e.payload}, {e.num_classes} classes", e.summary
+                 + (f" [not installed: {missing_parts(e)[0]}]" if missing_parts(e) else ""))
+                for name, e in DATASETS.items()]
+        rows += [(name, payload, summary) for name, payload, summary in OWN_DATA]
+    elif args.what == "suites":
+        from pipeline.suites import SUITES
+
+        rows = [(name, "bench", s.summary) for name, s in SUITES.items()]
+    else:
+        from memcl_ops.encoders import ENCODER_NAMES
+
+        rows = [(name, "encoder", "") for name in ENCODER_NAMES]
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    for name, kind, summary in rows:
+        print(f"{name:<{width[0]}}  {kind:<{width[1]}}  {summary}".rstrip())
+    return 0
+
+
+OWN_DATA = [  # the data sources that are not a fixed dataset (memcl_ops/sources.py)
+    ("synthetic", "features", "Gaussian class clusters in feature space (data.synthetic.*)"),
+    ("drift", "features", "recurring tasks under drift and abrupt shifts (data.drift.*)"),
+    ("arrow:<folder>", "any", "your own Parquet / Arrow IPC files: <folder>/train/, <folder>/test/ (README)"),
+    ("image-folder:<folder>", "image", "<folder>/{train,test}/<class>/*.png|jpg (data.image_size resizes)"),
+]
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from pipeline.config import describe, load_config
+
+    config = load_config(args.config, _overrides(args))
+    print(describe(config), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memcl", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, parents=[common])
+
+    seed_help = "the run's seed (model initialisation, sampling); default 0"
+    run = command("run", "run one continual-learning stream (the embedded default without --config)")
+    run.add_argument("--config", help="YAML file overriding the embedded default (`memcl config --show` lists keys)")
     run.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
     run.add_argument("--out", help="parent folder of the run folder (default: runs)")
-    run.add_argument("--seed", type=int)
+    run.add_argument("--seed", type=int, help=seed_help)
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last good checkpoint")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override one config value, e.g. --set method.name=finetune")
     run.set_defaults(func=cmd_run)
 
-    st = sub.add_parser("stress", help="a long-horizon drift stream through the actor pipeline, with resource sampling")
+    st = command("stress", "a long-horizon drift stream through the actor pipeline, with resource sampling")
     st.add_argument("--tasks", type=int, default=1000, help="visits of the stream (tasks recur; default 1000)")
     st.add_argument("--task-free", action="store_true", help="give the learner no task boundaries")
     st.add_argument("--out", help="parent folder of the run folder (default: runs/stress)")
-    st.add_argument("--seed", type=int, help="the run's seed (the drift stream's own: --set data.drift.seed=N)")
+    st.add_argument("--seed", type=int, help=seed_help)
     st.add_argument("--signals", default="reference,paper",
                     help="comma-separated SGSE signals, one run each on the same stream (default reference,paper)")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value")
     st.set_defaults(func=cmd_stress)
 
-    lm = sub.add_parser("lm", help="MIITA and baselines on a small-LM task stream (SmolLM2-135M without --config)")
+    lm = command("lm", "MIITA and baselines on a small-LM task stream (SmolLM2-135M without --config)")
     lm.add_argument("--config", help="YAML file overriding the embedded default (pipeline/lm_runner.py LMRunConfig)")
     lm.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
     lm.add_argument("--out", help="parent folder of the run folder (default: runs)")
-    lm.add_argument("--seed", type=int)
+    lm.add_argument("--seed", type=int, help=seed_help)
     lm.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one config value, e.g. --set budgets=[8192] --set method.adapt.step=0.2")
     lm.set_defaults(func=cmd_lm)
 
-    rep = sub.add_parser("report", help="re-render the tables and plots of a run folder")
-    rep.add_argument("run_dir")
+    rep = command("report", "re-render the tables and plots of a run folder")
+    rep.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `memcl run` or `memcl lm`")
     rep.set_defaults(func=cmd_report)
 
     from pipeline.suites import SUITES
 
-    ben = sub.add_parser("bench", help="every method side by side on one stream (suites: " + ", ".join(SUITES) + ")")
+    ben = command("bench", "every method side by side on one stream (suites: " + ", ".join(SUITES) + ")")
     ben.add_argument("suite", choices=[*sorted(SUITES), "throughput"],
                      help="a suite of methods on one stream, or `throughput`: bare encoder loop vs actor pipeline")
     ben.add_argument("--images", type=int, default=2560, help="throughput: images streamed per case")
@@ -172,12 +227,37 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--render", action="store_true", help="re-write the tables and plot from <out>/<suite>/runs.csv")
     ben.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value of the suite")
     ben.set_defaults(func=cmd_bench)
+
+    ls = command("list", "list the registered methods, datasets, bench suites or encoders")
+    ls.add_argument("what", choices=["methods", "datasets", "suites", "encoders"], help="what to list")
+    ls.set_defaults(func=cmd_list)
+
+    cfg = command("config", "print the run config (the embedded default, or with --config / --set applied)")
+    cfg.add_argument("--show", action="store_true", help="print it as YAML with each key's help (the default action)")
+    cfg.add_argument("--config", help="YAML file overriding the embedded default")
+    cfg.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value")
+    cfg.set_defaults(func=cmd_config)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    from pipeline.errors import RunInterrupted, one_line
+
+    try:
+        return args.func(args)
+    except RunInterrupted as stop:
+        print(f"\nmemcl: interrupted; continue the run with: memcl run --resume {stop.run_dir}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("\nmemcl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if args.debug:
+            raise
+        message, user_error = one_line(err)
+        print(f"memcl: error: {message}" + ("" if user_error else " (--debug shows the traceback)"), file=sys.stderr)
+        return 2 if user_error else 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,13 @@ config it nests, once; a YAML file only overrides."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
+import inspect
+import io
+import textwrap
+import tokenize
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -45,6 +51,7 @@ class RuntimeConfig:
     out: str = "runs"
     checkpoint: bool = True
     progress: bool = True
+    tensorboard: bool = False  # write TensorBoard event files into <run folder>/tensorboard/ (`tensorboard --logdir`)
     max_batch_rows: int | None = 4096  # larger batches are refused at the gate (dead letters)
     max_restarts: int = 2  # Ray restarts of a crashed actor (its state is then restored by the runner)
     max_recoveries: int = 5  # replays of one visit after actor faults before the run gives up
@@ -116,7 +123,10 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+        section = where.removeprefix("config").lstrip(".")
+        near = [m[0] for k in sorted(unknown) if (m := difflib.get_close_matches(k, known, n=1))]
+        hint = "".join(f" (did you mean {'.'.join(filter(None, (section, m)))}?)" for m in near)
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}{hint}; known: {sorted(known)}")
     default = cls()
     values = {}
     for name, value in data.items():
@@ -132,13 +142,7 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "config") -> Any:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    def plain(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-    return plain(dataclasses.asdict(config))
+    return _plain(dataclasses.asdict(config))
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
@@ -147,6 +151,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     `overrides` (same nesting)."""
     data: dict[str, Any] = {}
     if path is not None:
+        if not Path(path).is_file():
+            raise ConfigError(f"--config {path}: no such file (a YAML file of keys to override; "
+                              "`memcl config --show` prints them all)")
         text = Path(path).read_text()
         try:
             data = yaml.safe_load(text) or {}
@@ -165,3 +172,68 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 def dump_config(config: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def describe(config: Any) -> str:
+    """`config` as YAML that loads back to it, each key followed by its help: the comment its dataclass field
+    carries in the source (where the default is defined, so the help cannot drift from it)."""
+    lines: list[str] = []
+
+    def walk(obj: Any, indent: str) -> None:
+        helps, hints = _field_comments(type(obj)), typing.get_type_hints(type(obj))
+        for f in fields(obj):
+            value = getattr(obj, f.name)
+            note = f"  # {_type_name(hints[f.name])}" + (f"; {helps[f.name]}" if f.name in helps else "")
+            if is_dataclass(value):
+                lines.append(f"{indent}{f.name}:{note}")
+                walk(value, indent + "  ")
+            else:
+                text = yaml.safe_dump(_plain(value), default_flow_style=True, width=10**6)
+                text = text.strip().removesuffix("...").strip()  # a bare scalar document ends with "..."
+                lines.append(f"{indent}{f.name}: {text}{note}")
+
+    walk(config, "")
+    return "\n".join(lines) + "\n"
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if is_dataclass(tp):
+        return "section"
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin in (tuple, dict):
+        return "list" if origin is tuple else "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, tuple | list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Field name -> the comment on its line (or the comment lines just above it) in the class source."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    source_lines = source.splitlines()
+    out = {}
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            own = [comments[n] for n in range(node.lineno, node.end_lineno + 1) if n in comments]
+            above, n = [], node.lineno - 1
+            while n >= 1 and source_lines[n - 1].strip().startswith("#"):
+                above.insert(0, comments[n])
+                n -= 1
+            if own or above:
+                out[node.target.id] = " ".join(own or above)
+    return out

@@ -68,6 +68,13 @@ class EncoderPool:
         self.calls[role] += 1
         return features, letters
 
+    def use_cache(self, root: str) -> None:
+        ray.get([replica.use_cache.remote(root) for replica in self.replicas])
+
+    def flush_cache(self) -> int:
+        """Rows the replicas encoded since the last flush, written to the content cache."""
+        return sum(ray.get([replica.flush_cache.remote() for replica in self.replicas]))
+
     def take_statistics(self) -> list[ray.ObjectRef]:
         """Each replica's partial analytic statistics since the last take (submitted after every encode so far)."""
         return [replica.take_statistics.remote() for replica in self.replicas]

@@ -39,14 +39,14 @@ from actors.lm_trainer import LMTrainer
 from actors.memory_manager import MemoryManager
 from memcl_ops import metrics as M
 from memcl_ops import schema as S
-from memcl_ops.causal_lm import LMSpec
+from memcl_ops.causal_lm import LMSpec, check_lm_name
 from memcl_ops.lm_methods import ANSWER_NLL, LM_METHODS, MEMORY_METHODS, PREDICTION, LMMethodConfig, check_method
 from memcl_ops.lm_tasks import LMStreamSpec, TextTask, build_stream, exact_match
 from memcl_ops.miita import MemoryConfig
 from memcl_ops.router import RouterConfig
 from pipeline import report
 from pipeline.actor_cache import ActorCache
-from pipeline.config import dump_config
+from pipeline.config import ConfigError, dump_config
 from pipeline.progress import Progress
 from pipeline.runner import ensure_ray
 
@@ -214,7 +214,11 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, progr
     """Run every method (and budget) of `config` over its task stream; returns the metrics written to
     metrics.json. `actors`: reuse the actors of earlier runs (they are reset); by default they are killed after."""
     config = config or LMRunConfig()
-    specs = run_specs(config)
+    try:  # before Ray starts: a bad config fails at once, with one line
+        specs = run_specs(config)
+        check_lm_name(config.model.name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     own = actors is None
     actors = actors or ActorCache()
     try:
@@ -236,7 +240,7 @@ def _run(config: LMRunConfig, specs: list[RunSpec], run_dir: Path | None, progre
     stream = LMStream(tasks, config.runtime.batch_size)
     t0 = time.perf_counter()
     pipe = LMPipeline(config, stream, actors)
-    ray.get([ref for refs in pipe.extracted for ref in refs])
+    bars.wait([ref for refs in pipe.extracted for ref in refs], "extract hidden states", "batch")
     extract_seconds = time.perf_counter() - t0
     runs, predictions = {}, []
     base_scores: dict[int, tuple[float, float]] = {}  # the frozen base answers each task once
@@ -263,7 +267,7 @@ def _one_run(config: LMRunConfig, pipe: LMPipeline, spec: RunSpec, tasks: list[T
     acc = np.full((len(tasks), len(tasks)), np.nan)
     nll = np.full_like(acc, np.nan)
     log, wall, predictions = [], {"learn": 0.0, "evaluate": 0.0}, []
-    bar = bars.bar(f"{spec.name}: tasks", len(tasks))
+    bar = bars.bar(f"{spec.name}: tasks", len(tasks), unit="task")
     for i in range(len(tasks)):
         t = time.perf_counter()
         learned = pipe.learn(spec, i)
@@ -274,7 +278,8 @@ def _one_run(config: LMRunConfig, pipe: LMPipeline, spec: RunSpec, tasks: list[T
             if spec.method == "base" and j in base_scores:
                 acc[i, j], nll[i, j] = base_scores[j]
                 continue
-            acc[i, j], nll[i, j], rows = score(ray.get(pipe.answer(spec, j)))
+            answers = bars.wait(pipe.answer(spec, j), f"{spec.name}: answer {tasks[j].name}", "batch", leave=False)
+            acc[i, j], nll[i, j], rows = score(answers)
             predictions += [{"run": spec.name, "after_task": i, "task": j, **r} for r in rows]
             if spec.method == "base":
                 base_scores[j] = acc[i, j], nll[i, j]

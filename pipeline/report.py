@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 RUN_FILES = ("config.yaml", "metrics.json", "acc_matrix.csv", "acc_matrix.png", "acc_over_time.png", "slots.png")
 
@@ -36,8 +37,21 @@ def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
         writer.writerow(["after_visit", "trained_task", *[f"task{j}" for j in range(tasks)]])
         for i, row in enumerate(acc):
             writer.writerow([i, metrics["visits"][i], *["" if np.isnan(v) else f"{v:.4f}" for v in row]])
-    _heatmap(acc, metrics, run_dir / f"{prefix}acc_matrix.png")
-    _over_time(acc, metrics, run_dir / f"{prefix}acc_over_time.png")
+    if acc.size:  # a run that never evaluated (nothing streamed) has no matrix to plot
+        _heatmap(acc, metrics, run_dir / f"{prefix}acc_matrix.png")
+        _over_time(acc, metrics, run_dir / f"{prefix}acc_over_time.png")
+
+
+def accuracy_axis(ax: plt.Axes, values: np.ndarray) -> None:
+    """A y-axis over the accuracies actually reached (a 0-1 axis flattens the differences between curves that all
+    sit at 0.7-0.9), in percent, and integer ticks on the x-axis (visits or tasks, never halves)."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    low, high = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
+    pad = max(0.02, 0.08 * (high - low))
+    ax.set_ylim(max(0.0, min(low - pad, high - 0.1)), min(1.0, high + pad) + 0.005)  # at least 10 points tall
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _title(metrics: dict) -> str:
@@ -45,11 +59,12 @@ def _title(metrics: dict) -> str:
 
 
 def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * acc.shape[1], 1.2 + 0.45 * acc.shape[0]))
+    fig, ax = plt.subplots(figsize=(2.6 + 0.9 * acc.shape[1], 1.8 + 0.45 * acc.shape[0]))  # room for class names
     im = ax.imshow(np.ma.masked_invalid(acc), vmin=0, vmax=1, cmap="viridis", aspect="auto")
     for (i, j), v in np.ndenumerate(acc):
         if not np.isnan(v):
             ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+    ax.set_xticks(range(acc.shape[1]), [task_label(metrics, j, "\n") for j in range(acc.shape[1])], fontsize=7)
     ax.set_xlabel("evaluated on task")
     ax.set_ylabel("after visit (task trained)")
     ax.set_yticks(range(acc.shape[0]), [f"{i} ({t})" for i, t in enumerate(metrics["visits"])])
@@ -64,12 +79,12 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     x = np.arange(1, acc.shape[0] + 1)
     for j in range(acc.shape[1]):
-        ax.plot(x, acc[:, j], marker="o", ms=3, label=f"task {j}")
+        ax.plot(x, acc[:, j], marker="o", ms=3, label=task_label(metrics, j))
     evaluated = ~np.isnan(acc).all(axis=1)
     ax.plot(x[evaluated], np.nanmean(acc[evaluated], axis=1), "k--", lw=2, label="mean (evaluated)")
     ax.set_xlabel("visits completed")
     ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1.02)
+    accuracy_axis(ax, acc)
     ax.set_title(_title(metrics), fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -92,10 +107,33 @@ def _slots(metrics: dict, path: Path) -> None:
         ax.text(0.5, 0.5, "method has no slot memory", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("samples streamed")
     ax.set_ylabel("slots")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # slots come in whole numbers
     ax.set_title(_title(metrics), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def class_name(metrics: dict, label: int) -> str:
+    names = metrics.get("class_names") or []
+    return names[label] if 0 <= label < len(names) else str(label)
+
+
+def task_label(metrics: dict, task: int, sep: str = " ") -> str:
+    """`task 2 (cat, dog)`: a task with the names of its first classes, for legends and ticks."""
+    classes = (metrics.get("task_classes") or [[]] * (task + 1))[task]
+    if not metrics.get("class_names") or not classes:
+        return f"task {task}"
+    names = [class_name(metrics, c) for c in classes[:3]] + (["..."] if len(classes) > 3 else [])
+    return f"task {task}{sep}({', '.join(names)})"
+
+
+def _class_lines(metrics: dict) -> list[str]:
+    """Which classes each task holds, by name when the dataset names them."""
+    tasks = metrics.get("task_classes") or []
+    if not any(tasks):
+        return []
+    return [""] + [f"task{t}: " + ", ".join(class_name(metrics, c) for c in classes) for t, classes in enumerate(tasks)]
 
 
 def summary_table(metrics: dict) -> str:
@@ -106,6 +144,7 @@ def summary_table(metrics: dict) -> str:
     for i, row in enumerate(acc):
         cells = " ".join("   -   " if np.isnan(v) else f"{100 * v:6.1f} " for v in row)
         lines.append(f"{i:>4d} (t{metrics['visits'][i]:<2d}) | {cells}")
+    lines += _class_lines(metrics)
     s = metrics.get("summary") or {}
     if s:
         lines += ["", f"A_last {100 * s['a_last']:.2f}   Ā {100 * s['a_mean']:.2f}   "

@@ -38,14 +38,16 @@ from actors.stage2_trainer import Stage2Trainer
 from actors.stream_source import StreamSource
 from memcl_ops import schema as S
 from memcl_ops.feature_cache import FeatureCache
-from memcl_ops.methods import MethodSpec, method_spec
+from memcl_ops.methods import MethodSpec
 from memcl_ops.router import RouterConfig
 from memcl_ops.sources import StreamInfo
-from pipeline import checkpoint, report
+from pipeline import checkpoint, preflight, report
 from pipeline.actor_cache import ActorCache, is_fault
 from pipeline.config import RunConfig, dump_config, load_config
 from pipeline.encoder_pool import EncoderPool
-from pipeline.progress import InFlight, Progress
+from pipeline.errors import RunInterrupted
+from pipeline.progress import InFlight, Progress, Reports
+from pipeline.tracking import TensorBoardLog
 
 log = logging.getLogger("memcl")
 
@@ -75,6 +77,7 @@ class RunState:
     wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
     refused: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per reason
     recoveries: int = 0  # visits replayed after an actor fault
+    elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -101,6 +104,8 @@ class Pipeline:
                  encoders: EncoderPool | None, inline: bool):
         self.config, self.spec, self.info, self.actors = config, spec, info, actors
         self.encoders, self.inline = encoders, inline  # inline: no feature cache, encode on the fly
+        # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
+        self.content_cache = config.runtime.cache_dir if inline and config.runtime.cache_dir else None
         self.expansions: ray.ObjectRef | None = None  # the monitor's verdict on the last batch, not yet applied
         self.method = method = spec.resolve(config.method)
         seed, threads, dim = config.seed, config.runtime.actor_threads, info.feature_dim
@@ -124,11 +129,17 @@ class Pipeline:
             self.roles.append("stage1")
         actors.get("stage2", Stage2Trainer, light, method, dim, seed, threads)
         self.roles.append("stage2")
-        self._use_statistics()
+        self._prepare_encoders()
 
-    def _use_statistics(self) -> None:
+    def _prepare_encoders(self) -> None:
         if self.merges:
             ray.get([r.use_statistics.remote(self.method.analytic, self.config.seed) for r in self.encoders.replicas])
+        if self.content_cache:
+            self.encoders.use_cache(self.content_cache)
+
+    def flush_cache(self) -> None:
+        if self.content_cache:
+            self.encoders.flush_cache()
 
     def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
         # pipe.memory, pipe.stage2, ...: the current handle of a role (it changes when a role is revived)
@@ -163,23 +174,27 @@ class Pipeline:
             ray.get(self.memory.expand.remote(self.expansions))
             self.expansions = None
 
-    def consolidate(self, block: list[ray.ObjectRef]) -> dict:
-        """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot."""
+    def consolidate(self, block: list[ray.ObjectRef], reports: Reports, what: str) -> dict:
+        """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot;
+        the trainers' epochs are shown as `what` stage 1 / stage 2 bars."""
         out: dict = {}
         t0 = time.perf_counter()
         self.apply_expansions()
+        queue = reports.queue
         if self.stage1 is not None:
-            trained = self.stage1.train.remote(self.memory.memory_state.remote(), *block)
+            trained = self.stage1.train.remote(self.memory.memory_state.remote(), *block, progress=queue)
+            reports.get(trained, what)
             ray.get(self.memory.load_memory.remote(trained))
         t1 = time.perf_counter()
         memory = self.memory.memory_state.remote() if self.spec.memory else None
         if self.merges:
             merged = self.memory.merge_statistics.remote(*self.encoders.take_statistics())
-            out["stage2"] = ray.get(self.stage2.train_merged.remote(merged, memory, *block))
+            out["stage2"] = reports.get(self.stage2.train_merged.remote(merged, memory, *block, progress=queue), what)
         else:
-            out["stage2"] = ray.get(self.stage2.train.remote(memory, *block))
+            out["stage2"] = reports.get(self.stage2.train.remote(memory, *block, progress=queue), what)
         ray.get(self.stage2.end_task.remote())
         out["seconds"] = {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
+        out["epoch_losses"] = reports.take_losses()
         return out
 
     def evaluate(self, tasks: list[int], after_visit: int) -> tuple[dict[int, float], list[ray.ObjectRef]]:
@@ -218,7 +233,7 @@ class Pipeline:
             self.actors.revive(role)
         if self.encoders is not None:
             self.encoders.revive()
-        self._use_statistics()
+        self._prepare_encoders()
         for split, (rows, feats) in features.items():
             ray.get(self.source.set_features.remote(split, rows, feats))
         self.restore(parts)
@@ -303,39 +318,62 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
     `actors`: reuse the actors of earlier runs (they are reset); by default the run starts and kills its own.
     `on_batch` / `on_round`: observers (fault injection in tests, resource sampling in `memcl stress`).
     """
+    if resume is not None:
+        run_dir = preflight.run_folder(resume, "config.yaml")
+        config = load_config(run_dir / "config.yaml")
+    config = preflight.with_absolute_paths(config or RunConfig())
+    spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
     own = actors is None
     actors = actors or ActorCache()
     try:
-        return _run(config, run_dir, resume, progress, actors, on_batch, on_round)
+        started = time.perf_counter()
+        ensure_ray(config)
+        source = _source(config, actors)
+        info: StreamInfo = ray.get(source.describe.remote())
+        run_dir = run_dir or new_run_dir(config, info.name)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume is None:
+            dump_config(config, run_dir / "config.yaml")
+        try:
+            return _run(config, spec, source, info, run_dir, resume is not None, progress, actors, started,
+                        on_batch, on_round)
+        except KeyboardInterrupt:
+            raise RunInterrupted(run_dir) from None
     finally:
         if own:
             actors.close()
 
 
-def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, progress: bool | None,
-         actors: ActorCache, on_batch: BatchHook | None, on_round: RoundHook | None) -> dict:
-    if resume is not None:
-        run_dir = Path(resume)
-        config = load_config(run_dir / "config.yaml")
-    config = config or RunConfig()
-    spec = method_spec(config.method.name)
-    if config.stream.task_free and not spec.task_free:
-        raise ValueError(f"method {spec.name} needs task boundaries; it cannot run a task-free stream")
+def _source(config: RunConfig, actors: ActorCache) -> ray.actor.ActorHandle:
+    rt = config.runtime
+    return actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": rt.max_restarts}, config.data,
+                      config.stream, rt.max_batch_rows)
+
+
+def encode_stream(config: RunConfig, actors: ActorCache) -> float:
+    """Encode what `config`'s stream needs into the feature cache, with a progress bar whatever
+    `runtime.progress` says, and return the seconds it took (about 0 when cached, features or in-line encoding):
+    `memcl bench` does it once, before its runs, so no method's time includes it."""
+    config = preflight.with_absolute_paths(config)
+    preflight.check_run(config)
+    ensure_ray(config)
+    started = time.perf_counter()
+    source = _source(config, actors)
+    info: StreamInfo = ray.get(source.describe.remote())
+    if info.feature_dim is None and config.runtime.cache_dir and info.cacheable:
+        encode_into_cache(config, source, EncoderPool(config, info.payload, actors), info, Progress(enabled=True))
+    return time.perf_counter() - started
+
+
+def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, info: StreamInfo, run_dir: Path,
+         resumed: bool, progress: bool | None, actors: ActorCache, started: float, on_batch: BatchHook | None,
+         on_round: RoundHook | None) -> dict:
     rt = config.runtime
     bars = Progress(enabled=rt.progress if progress is None else progress)
-    started = time.perf_counter()
-    ensure_ray(config)
-    source = actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": rt.max_restarts}, config.data,
-                        config.stream, rt.max_batch_rows)
-    info: StreamInfo = ray.get(source.describe.remote())
-    run_dir = run_dir or new_run_dir(config, info.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if resume is None:
-        dump_config(config, run_dir / "config.yaml")
     if spec.loop == "adapter":  # NSR trains LoRA inside the encoder on raw batches: its own loop
         from pipeline.adapter_runner import run_adapter
 
-        return run_adapter(config, info, source, run_dir, resume is not None, bars, started, actors)
+        return run_adapter(config, info, source, run_dir, resumed, bars, started, actors)
 
     encoders, features = None, {}
     t0 = time.perf_counter()
@@ -348,19 +386,22 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
     pipe = Pipeline(config, spec, info, actors, encoders, inline=encoders is not None and not features)
     state = RunState()
     ckpt_dir = run_dir / "checkpoints"
-    if resume is not None and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
+    if resumed and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
         path, parts, meta = found
         pipe.restore(parts)
         state = RunState(**meta)
         log.info("resumed from %s at round %d", path, state.next_round)
     state.add_wall("encode_cache", time.perf_counter() - t0)
+    earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)
     last_good = pipe.state()  # what a fault rolls every actor back to
 
     rounds = plan_rounds(info, config.stream.task_free, config.method.consolidate_every)
+    reports = Reports(bars, keep_losses=rt.tensorboard)  # the trainers report their epochs through it
+    board = TensorBoardLog(run_dir) if rt.tensorboard else None
     for r in range(state.next_round, len(rounds)):
         for attempt in range(rt.max_recoveries + 1):
             try:
-                outcome = _round(pipe, info, state, rounds[r], bars, on_batch)
+                outcome = _round(pipe, info, state, rounds[r], bars, reports, on_batch)
                 break
             except Exception as err:
                 if not is_fault(err) or attempt == rt.max_recoveries:
@@ -369,6 +410,7 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
                 state.recoveries += 1
                 pipe.revive(last_good, features)
         _commit_round(pipe, info, state, r, outcome, run_dir)
+        state.elapsed = earlier + time.perf_counter() - started
         last_good = pipe.state()
         if rt.checkpoint:
             t_ckpt = time.perf_counter()
@@ -376,15 +418,21 @@ def _run(config: RunConfig | None, run_dir: Path | None, resume: Path | None, pr
             state.add_wall("checkpoint", time.perf_counter() - t_ckpt)
         if on_round is not None:
             on_round(r, state, pipe)
+        if board is not None:
+            board.round(state)
 
-    metrics = collect_metrics(config, pipe, info, state, time.perf_counter() - started)
+    reports.close()
+    pipe.flush_cache()
+    metrics = collect_metrics(config, pipe, info, state, earlier + time.perf_counter() - started)
     report.write_run(run_dir, metrics)
+    if board is not None:
+        board.close(metrics)
     metrics["run_dir"] = str(run_dir)
     return metrics
 
 
 def _round(pipe: Pipeline, info: StreamInfo, state: RunState, batches: list[tuple[int, int]], bars: Progress,
-           on_batch: BatchHook | None) -> dict:
+           reports: Reports, on_batch: BatchHook | None) -> dict:
     """Stream one round, consolidate, and evaluate after the visits it ends. Nothing of the run state changes
     here, so a fault can replay it."""
     rt = pipe.config.runtime
@@ -405,7 +453,7 @@ def _round(pipe: Pipeline, info: StreamInfo, state: RunState, batches: list[tupl
         in_flight.add(sub.tail)
     in_flight.drain()
     stream_seconds = time.perf_counter() - t_stream
-    consolidation = pipe.consolidate(block)
+    consolidation = pipe.consolidate(block, reports, what)
 
     t_eval = time.perf_counter()
     ended = [v for v, i in batches if i == info.visit_batches[v] - 1]
@@ -445,6 +493,8 @@ def _commit_round(pipe: Pipeline, info: StreamInfo, state: RunState, r: int, out
     state.round_log.append({"round": r, "visits_ended": outcome["ended"], "batches": outcome["batches"],
                             "accuracy": accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated else None,
                             "memory": memory, "stage2": outcome["consolidation"]["stage2"],
+                            "epoch_losses": outcome["consolidation"]["epoch_losses"],
+                            "stream_seconds": outcome["seconds"]["stream"],
                             "refused": 0 if dead is None else dead.num_rows, "time": time.time()})
     state.next_round = r + 1
 
@@ -469,6 +519,7 @@ def collect_metrics(config: RunConfig, pipe: Pipeline, info: StreamInfo, state: 
         "dataset": info.name,
         "seed": config.seed,
         "task_classes": info.task_classes,
+        "class_names": info.extra.get("class_names"),
         "visits": info.visits,
         "acc_matrix": acc.tolist(),
         "summary": summary.as_dict() if summary else {},

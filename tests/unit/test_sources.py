@@ -62,3 +62,21 @@ def test_arrow_folder_visits_follow_task_ids_and_bad_files_become_batches(tmp_pa
     assert broken.schema.names == ["unreadable_file", "error"]
     with pytest.raises(ValueError, match="feature_dim"):
         ArrowDirStream(tmp_path, "features")
+
+
+def test_arrow_folder_rebatches_files_and_takes_numpy_feature_lists(tmp_path):
+    import pyarrow.parquet as pq
+
+    (tmp_path / "train").mkdir()
+    feats = np.arange(10 * 3, dtype=np.float64).reshape(10, 3)
+    table = pa.table({S.SAMPLE_ID: np.arange(10), S.TASK_ID: pa.array([0] * 10, pa.int32()),
+                      S.LABEL: pa.array([0, 1] * 5, pa.int32()), S.FEATURES: list(feats)},  # list<double>
+                     metadata={b"class_names": b'["no", "yes"]'})
+    pq.write_table(table, tmp_path / "train" / "a.parquet", row_group_size=3)
+    stream = ArrowDirStream(tmp_path, "features", feature_dim=3, batch_size=4)
+    info = stream.describe()
+    assert info.visit_batches == [3] and info.num_samples == 10 and info.extra["class_names"] == ["no", "yes"]
+    batches = [stream.train_batch(0, i) for i in range(3)]
+    assert [b.num_rows for b in batches] == [4, 4, 2]
+    assert batches[0].schema.field(S.FEATURES).type == pa.list_(pa.float32(), 3)
+    np.testing.assert_array_equal(np.concatenate([S.features_to_numpy(b) for b in batches]), feats)

@@ -1,0 +1,30 @@
+"""How `memcl` reports what stops a command: a user error (a bad config, path or data source) or Ctrl-C is one
+line; anything else is one line that points at `--debug`. Imports nothing heavy, so the CLI can use it at once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; `run_dir` is the folder `memcl run --resume` continues from its last checkpoint."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(str(run_dir))
+        self.run_dir = run_dir
+
+
+def one_line(err: BaseException) -> tuple[str, bool]:
+    """(the message of `err` on one line, whether it is the user's error rather than memcl's)."""
+    from memcl_ops.datasets import DatasetUnavailable
+    from pipeline.config import ConfigError
+
+    if "ray" in sys.modules:  # an actor's error arrives wrapped; what matters is the cause
+        from ray.exceptions import RayTaskError
+
+        while isinstance(err, RayTaskError) and err.cause is not None:
+            err = err.cause
+    user = isinstance(err, ConfigError | DatasetUnavailable | FileNotFoundError)  # a path the user gave
+    text = " ".join(str(err).split())
+    return (text if user else f"{type(err).__name__}: {text}"), user

@@ -1,0 +1,55 @@
+"""Checks of a run's config that need neither Ray nor data loaded, so `memcl` refuses a bad run in a second with
+one line (the key, what is wrong, what is accepted) instead of failing inside an actor after Ray has started."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from memcl_ops.datasets import DatasetUnavailable
+from memcl_ops.encoders import ENCODER_NAMES, is_encoder_name
+from memcl_ops.methods import METHODS, MethodSpec
+from memcl_ops.sources import check_source
+from pipeline.config import ConfigError, RunConfig
+
+
+def method(name: str) -> MethodSpec:
+    if name not in METHODS:
+        raise ConfigError(f"method.name: unknown method {name!r}; accepted: {', '.join(METHODS)} "
+                          "(`memcl list methods` describes them)")
+    return METHODS[name]
+
+
+def check_run(config: RunConfig) -> MethodSpec:
+    """The method's spec if `config` can run; else ConfigError."""
+    spec = method(config.method.name)
+    if config.stream.task_free and not spec.task_free:
+        raise ConfigError(f"stream.task_free: method {spec.name} needs task boundaries; accepted with task_free: "
+                          + ", ".join(n for n, s in METHODS.items() if s.task_free))
+    if not is_encoder_name(config.encoder.spec.name):
+        raise ConfigError(f"encoder.spec.name: unknown encoder {config.encoder.spec.name!r}; accepted: "
+                          + ", ".join(ENCODER_NAMES))
+    try:
+        check_source(config.data, config.stream)
+    except (ValueError, DatasetUnavailable) as err:
+        raise ConfigError(str(err)) from err
+    return spec
+
+
+def with_absolute_paths(config: RunConfig) -> RunConfig:
+    """`config` with the folder of an `arrow:` or `image-folder:` source made absolute: actors (and a resumed run)
+    may not share the working directory the path was given in."""
+    kind, sep, path = config.data.dataset.partition(":")
+    if not sep or kind not in ("arrow", "image-folder"):
+        return config
+    data = dataclasses.replace(config.data, dataset=f"{kind}:{Path(path).expanduser().resolve()}")
+    return dataclasses.replace(config, data=data)
+
+
+def run_folder(path: str | Path, needs: str) -> Path:
+    """A run folder given on the command line (`--resume`, `memcl report`) that holds `needs`."""
+    folder = Path(path)
+    if not (folder / needs).is_file():
+        what = "no such folder" if not folder.exists() else f"no {needs} in it"
+        raise ConfigError(f"{path}: {what}; expected a run folder written by `memcl run` (runs/<time>-<method>-...)")
+    return folder

@@ -1,0 +1,118 @@
+"""Every user error of the command line is one line on stderr naming the problem, a non-zero exit, and no Ray:
+the commands run in a fresh interpreter that reports whether Ray was ever started."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs each argv through `memcl`'s main in one interpreter (imports cost seconds; each error must not).
+PROBE = """
+import contextlib, io, json, sys, time
+from pipeline import cli
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stderr(err):
+        rc = cli.main(argv)
+    ray = sys.modules.get("ray")
+    out.append({"rc": rc, "stderr": err.getvalue(), "seconds": time.perf_counter() - t0,
+                "ray": bool(ray is not None and ray.is_initialized())})
+print(json.dumps(out))
+"""
+
+CASES = {  # argv -> words the one line must contain
+    "run --set method.nmae=x": ["nmae", "method.name"],
+    "run --set stream.tasks=0": ["tasks", "at least 1"],
+    "run --set stream.tasks=11": ["stream.tasks", "11 tasks", "1, 2, 5, 10"],
+    "run --set method.name=foo": ["method.name", "'foo'", "finetune"],
+    "run --config /no/such.yaml": ["/no/such.yaml", "no such file"],
+    "run --resume runs/nope": ["runs/nope", "no such folder"],
+    "report runs/nope": ["runs/nope", "no such folder"],
+    "run --set data.dataset=imagenet": ["data.dataset", "'imagenet'", "arrow:<folder>"],
+    "run --set data.dataset=arrow:/no/such/folder": ["/no/such/folder/train/", ".parquet"],
+    "run --set encoder.spec.name=bert": ["encoder.spec.name", "minilm"],
+    "run --set stream.task_free=true --set method.name=nsr": ["stream.task_free", "mars"],
+    "bench fmnist-5x2 --methods mars,foo": ["method.name", "'foo'"],
+    "lm --set budgetz=[1]": ["budgetz"],
+    "lm --set model.name=nope": ["model.name", "'nope'", "tiny:<arch>"],
+    "lm --set methods=[bogus]": ["bogus"],
+    "run --set stream.tasks": ["key=value"],
+}
+
+
+@pytest.fixture(scope="module")
+def results():
+    argvs = [case.split() for case in CASES]
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return dict(zip(CASES, json.loads(proc.stdout.splitlines()[-1])))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_user_error_is_one_line_and_no_ray(results, case):
+    result = results[case]
+    assert result["rc"] == 2
+    lines = result["stderr"].strip().splitlines()
+    assert len(lines) == 1, result["stderr"]
+    assert lines[0].startswith("memcl: error: ") and "Traceback" not in result["stderr"]
+    for word in CASES[case]:
+        assert word in lines[0]
+    assert not result["ray"]  # refused before Ray started
+    assert result["seconds"] < 20
+
+
+def test_debug_shows_the_traceback():
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--debug", "--set", "method.name=foo"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+
+
+def test_help_is_complete():
+    from pipeline.cli import build_parser
+
+    parser = build_parser()
+    top = parser.format_help()
+    commands = ["run", "stress", "lm", "report", "bench", "list", "config"]
+    for name in commands:
+        assert name in top
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    assert sorted(sub) == sorted(commands)
+    for name, command in sub.items():
+        for action in command._actions:
+            assert action.help, f"memcl {name} {action.option_strings or action.dest} has no help"
+
+
+def test_config_show_loads_back_to_the_default_and_documents_keys(capsys):
+    import yaml
+
+    from pipeline.cli import main
+    from pipeline.config import RunConfig, to_dict
+
+    assert main(["config", "--show", "--set", "stream.tasks=2"]) == 0
+    text = capsys.readouterr().out
+    assert yaml.safe_load(text) == {**to_dict(RunConfig()), "stream": {**to_dict(RunConfig())["stream"], "tasks": 2}}
+    lines = {line.split(":")[0].strip(): line for line in text.splitlines()}
+    assert "Parquet feature cache" in lines["cache_dir"]  # the field's comment in pipeline/config.py
+    assert all("  # " in line for line in text.splitlines())  # every key has at least its type
+
+
+@pytest.mark.parametrize("what, expected", [("methods", ["mars", "nsr", "finetune"]),
+                                            ("datasets", ["fashion-mnist", "arrow:<folder>", "bbc-news"]),
+                                            ("suites", ["fmnist-5x2", "bbc-text"])])
+def test_list(capsys, what, expected):
+    from memcl_ops.methods import METHODS
+    from pipeline.cli import main
+
+    assert main(["list", what]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert set(expected) <= set(names)
+    if what == "methods":
+        assert names == list(METHODS)
