@@ -244,7 +244,7 @@ class ArrowDirStream:
             return table
         try:
             column = pc.cast(table.column(idx), target)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):  # e.g. another width
             return table
         return table.set_column(idx, table.schema.field(idx).with_type(target), column)
 

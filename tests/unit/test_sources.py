@@ -80,3 +80,13 @@ def test_arrow_folder_rebatches_files_and_takes_numpy_feature_lists(tmp_path):
     assert [b.num_rows for b in batches] == [4, 4, 2]
     assert batches[0].schema.field(S.FEATURES).type == pa.list_(pa.float32(), 3)
     np.testing.assert_array_equal(np.concatenate([S.features_to_numpy(b) for b in batches]), feats)
+
+
+def test_arrow_folder_leaves_features_of_another_width_to_the_gate(tmp_path):
+    (tmp_path / "train").mkdir()
+    batch = S.feature_batch(np.arange(4), np.ones((4, 5), dtype=np.float64), np.zeros(4, int), np.zeros(4, int))
+    fields = [*list(batch.schema)[:3], pa.field(S.FEATURES, pa.list_(pa.float64(), 5))]
+    wide = pa.Table.from_batches([batch]).cast(pa.schema(fields))  # float64 and 5 wide: no cast makes it 3 wide
+    _write(tmp_path / "train" / "a.arrow", wide.to_batches()[0])
+    out = ArrowDirStream(tmp_path, "features", feature_dim=3).train_batch(0, 0)
+    assert out.schema.field(S.FEATURES).type == pa.list_(pa.float64(), 5)  # unchanged: the gate refuses it
