@@ -28,7 +28,7 @@ import numpy as np
 import psutil
 import ray
 
-from pipeline import runner
+from pipeline import preflight, runner
 from pipeline.config import RunConfig, load_config
 
 ALPHA = 0.05  # SGSE's per-test false-expansion bound
@@ -181,6 +181,7 @@ def write(run_dir: Path, rows: list[dict], result: dict) -> None:
 def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, object] | None = None,
            actors: runner.ActorCache | None = None) -> dict:
     config = stress_config(tasks, task_free, overrides)
+    preflight.check_run(config)  # a bad config fails in a second, before Ray starts
     runner.ensure_ray(config)
     from memcl_ops.sources import DriftStream
 
@@ -204,8 +205,11 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
 
 
 def compare(tasks: int, task_free: bool, overrides: dict[str, object] | None, signals: list[str]) -> list[dict]:
-    """The same stream once per SGSE signal."""
-    return [stress(tasks, task_free, {**(overrides or {}), "method.sgse.signal": signal}) for signal in signals]
+    """The same stream once per SGSE signal (every signal's config checked before the first run starts)."""
+    runs = [{**(overrides or {}), "method.sgse.signal": signal} for signal in signals]
+    for run_overrides in runs:
+        preflight.check_run(stress_config(tasks, task_free, run_overrides))
+    return [stress(tasks, task_free, run_overrides) for run_overrides in runs]
 
 
 def table(results: list[dict]) -> str:

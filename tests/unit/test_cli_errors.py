@@ -43,6 +43,8 @@ CASES = {  # argv -> words the one line must contain
     "lm --set model.name=nope": ["model.name", "'nope'", "tiny:<arch>"],
     "lm --set methods=[bogus]": ["bogus"],
     "run --set stream.tasks": ["key=value"],
+    "stress --tasks 10 --set method.nmae=x": ["nmae", "method.name"],
+    "stress --tasks 10 --signals reference,bogus": ["signal", "'bogus'"],
 }
 
 
