@@ -390,7 +390,7 @@ class NoveltyMonitor:
         returns the expansions it triggered (usually none)."""
         cfg = self.config
         confidences, queries = np.asarray(confidences, dtype=np.float64), np.asarray(queries)
-        z = frozen_features(features, cfg.feature_space) if features is not None else None
+        z = frozen_features(features, cfg.feature_space) if features is not None and self.needs_features else None
         found: list[Expansion] = []
         start = 0
         while start < len(confidences):
