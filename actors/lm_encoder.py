@@ -37,7 +37,7 @@ class LMEncoder:
                 "vocab": lm.vocab_size, "tied_head": lm.weight is lm.model.get_input_embeddings().weight}
 
     def extract(self, pairs: pa.RecordBatch) -> pa.RecordBatch:
-        """Teacher-forced (k_m, R_m, ‖R_m‖) per pair (METHODS.md 1.1 Eqs. 1-2), no autograd."""
+        """Teacher-forced (k_m, R_m, ‖R_m‖) per pair (docs/methods.md, "MIITA"), no autograd."""
         with self.clock.time("extract"):
             prompts, answers = S.text_pairs(pairs)
             out = self.lm.teacher_forced(prompts, answers)

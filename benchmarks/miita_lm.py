@@ -1,5 +1,5 @@
 """MIITA on SmolLM2-135M-Instruct: the frozen base, text replay and MIITA at the same byte budgets, and sequential
-LoRA, side by side on one five-task stream in one `memcl lm` run (METHODS.md 1.2-1.3).
+LoRA, side by side on one five-task stream in one `memcl lm` run (docs/methods.md, "MIITA").
 
     python benchmarks/miita_lm.py                     # the RESULTS.md table (budgets 16 and 64 KiB, seed 0)
     python benchmarks/miita_lm.py --steps 0.05 0.3    # plus MIITA at other step sizes η (same stream, same seed)

@@ -34,7 +34,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     visual = open_clip.create_model("ViT-B-16").visual.eval()
-    lora = LoRAConfig(targets=TARGET_PRESETS["open_clip_qv"])  # rank 8, α 16 (METHODS.md 3.2)
+    lora = LoRAConfig(targets=TARGET_PRESETS["open_clip_qv"])  # rank 8, α 16 (docs/methods.md, "NSR")
     adapters = LoRAAdapters(visual, lora)
     sites = list(adapters.sites)
     shapes = {(adapters.sites[s].d_out, adapters.sites[s].d_in) for s in sites}

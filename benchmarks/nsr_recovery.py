@@ -1,5 +1,5 @@
 """NSR recovery benchmark: how many optimizer steps a returning task needs to be back within 1 point of its
-previous best, with NSR's bank vs the memoryless allocation rules, side by side in one run (METHODS.md 3.2).
+previous best, with NSR's bank vs the memoryless allocation rules, side by side in one run (docs/methods.md, "NSR").
 
 Stream and model: pipeline/configs/nsr-bbc-cyclic.yaml — BBC News (offline) as three binary topic tasks visited
 A B C A B C through the real actor pipeline (`memcl run` with `method: nsr`), the pretrained all-MiniLM-L6-v2 with

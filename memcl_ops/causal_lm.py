@@ -1,4 +1,4 @@
-"""A frozen transformers causal LM, seen the way MIITA needs it (METHODS.md 1.1-1.2).
+"""A frozen transformers causal LM, seen the way MIITA needs it (docs/methods.md, "MIITA").
 
 Works for any causal LM whose LM head is a linear map of the final hidden state (Llama, Qwen, GPT-2;
 tied or untied head). Three operations, all without autograd:

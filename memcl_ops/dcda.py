@@ -1,4 +1,4 @@
-"""DCDA: the two training stages of MARS, as plain functions over feature tensors (METHODS.md 2.4).
+"""DCDA: the two training stages of MARS, as plain functions over feature tensors (docs/methods.md, "DCDA").
 
 Stage 1 trains the memory only (W_q, K, γ, β) with SupCon on Norm(h̃) + λ_smooth·‖h̃ − target‖²;
 the classifier does not enter the loss, so it is frozen by construction.

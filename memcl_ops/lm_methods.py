@@ -35,7 +35,7 @@ MEMORY_METHODS = ("miita", "replay")  # the methods that take a byte budget
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """Sequential LoRA fine-tuning [R]: rank 8, α 16 on q_proj/v_proj (the CL_Memory setting of METHODS.md 1.3),
+    """Sequential LoRA fine-tuning [R]: rank 8, α 16 on q_proj/v_proj (docs/methods.md, "MIITA"),
     a few epochs per task at a LoRA-typical learning rate."""
 
     lora: LoRAConfig = LoRAConfig(targets=TARGET_PRESETS["llama_qv"])

@@ -48,7 +48,7 @@ QV_ANY_FAMILY = "|".join(f"(?:{p})" for p in TARGET_PRESETS.values())
 
 @dataclass(frozen=True)
 class LoRAConfig:
-    rank: int = 8  # r [R] (METHODS.md 3.2)
+    rank: int = 8  # r [R] (docs/methods.md, "NSR")
     alpha: float = 16.0  # ΔW = (α/r)·B A [R]
     targets: str = QV_ANY_FAMILY  # regex searched in site names (see the module table)
     seed: int = 0  # initialisation of A (B starts at 0, so a fresh adapter leaves the backbone unchanged)

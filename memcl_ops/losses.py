@@ -1,4 +1,4 @@
-"""Losses of DCDA and the distillation baselines (METHODS.md 2.4)."""
+"""Losses of DCDA and the distillation baselines (docs/methods.md, "DCDA")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SVD compression of LoRA deltas through their factors (NSR, METHODS.md 3.2).
+"""SVD compression of LoRA deltas through their factors (NSR, docs/methods.md, "NSR").
 
 A LoRA delta ΔW = B A (d_out×d_in, B: d_out×r, A: r×d_in, scale folded into B) has rank ≤ r, so its thin SVD
 comes exactly from two QRs and one r×r SVD, in O((d_out + d_in)·r²) instead of the O(d_out·d_in·min) of
@@ -26,7 +26,7 @@ ENERGY_SLACK = 1e-9  # cumulative energy within this of η_E counts as reaching 
 @dataclass(frozen=True)
 class CompressionConfig:
     energy: float = 0.90  # η_E: fraction of Σσ² to keep [R]
-    max_rank: int = 4  # k_max [R] (0.29 MB/task for ViT-B/16 q, v suggests rank 2-4, METHODS.md 3.2)
+    max_rank: int = 4  # k_max [R] (benchmarks/RESULTS.md: 0.295 MB per ViT-B/16 task)
     dtype: Literal["float16", "float32"] = "float16"  # storage dtype of the factors [R]
 
     def __post_init__(self) -> None:

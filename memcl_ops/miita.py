@@ -1,4 +1,4 @@
-"""MIITA direction memory and its inference-time use (METHODS.md 1.2, reconstruction [R] of Secs. 3.2.2-3.3).
+"""MIITA direction memory and its inference-time use (docs/methods.md, "MIITA"; [R] throughout).
 
 Memory `B = {(d_j, A_j, n_j)}`: unit correction directions in the pre-LM-head space, each with a set of
 semantic anchor keys (retrieval only) and the number of experiences merged into it.
@@ -37,7 +37,7 @@ COUNT_BYTES = 4  # b_n: n_j is an int32
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    """Write, budget and repair of the direction memory; all [R] defaults of METHODS.md 1.2 (j)."""
+    """Write, budget and repair of the direction memory; all [R] (docs/methods.md, "MIITA")."""
 
     budget_bytes: int = 256 * 1024  # C_mem; the paper reports robustness across budgets, values unknown
     eps: float = 1e-8  # ε of Norm(·)
@@ -59,7 +59,7 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class AdaptConfig:
-    """Retrieval, aggregation, gate and step size at inference; [R] defaults of METHODS.md 1.2 (f)-(g)."""
+    """Retrieval, aggregation, gate and step size at inference; [R] (docs/methods.md, "MIITA")."""
 
     candidates: int = 8  # K_s: prototypes kept per query by anchor relevance
     top_k: int = 3  # K: prototypes aggregated per decoding step

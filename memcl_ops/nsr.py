@@ -1,8 +1,8 @@
-"""NSR (Neural Subspace Reallocation, METHODS.md 3): one active LoRA adapter inside a frozen encoder, reallocated at
-each task arrival from a bank of compressed past adapters (memcl_ops/task_bank.py).
+"""NSR (Neural Subspace Reallocation; docs/methods.md, "NSR"): one active LoRA adapter inside a frozen encoder,
+reallocated at each task arrival from a bank of compressed past adapters (memcl_ops/task_bank.py).
 
 The *active capacity* is one rank-r adapter plus one head with `n_way` outputs over task-local labels (label =
-position of the class in its task's class list; tasks are evaluated task-incrementally, METHODS.md 3.2). At a task
+position of the class in its task's class list; tasks are evaluated task-incrementally). At a task
 arrival the allocation rule decides what the active capacity starts from:
 
 | allocation | start of a visit |
@@ -99,7 +99,7 @@ RECOVERY_EPS = 1e-9  # accuracies are ratios of counts; absorbs float error in "
 @dataclass
 class RecoveryTracker:
     """Optimizer steps until a returning task is back within `tolerance` of its previous best accuracy
-    (METHODS.md 3.2, "recovery"): step 0 is the accuracy right after the arrival decision, before any training."""
+    (docs/methods.md, "NSR"): step 0 is the accuracy right after the arrival decision, before any training."""
 
     previous_best: float
     tolerance: float

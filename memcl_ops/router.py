@@ -1,4 +1,4 @@
-"""MARS slot-routed affine memory over frozen features (METHODS.md 2.1, 2.3).
+"""MARS slot-routed affine memory over frozen features (docs/methods.md, "MARS").
 
     q = W_q h_T,   p_i = softmax_i(<q̂, k̂_i> / τ_r),   s = max_i p_i
     h̃ = (Σ_i p_i γ_i) ⊙ LN(h_T) + Σ_i p_i β_i           (LN without affine: the slots provide it)
@@ -108,7 +108,7 @@ class SlotRouter(nn.Module):
 
     @torch.no_grad()
     def update_anchor_stats(self, h: torch.Tensor, probs: torch.Tensor | None = None) -> None:
-        """Router-weighted EMA of LN(h) per slot (Eqs. 7-8 as reconstructed in METHODS.md 2.3):
+        """Router-weighted EMA of LN(h) per slot (as reconstructed in docs/methods.md, "MARS"):
         μ_i ← ρ μ_i + (1-ρ) Σ_x p_i(x) LN(h(x)),  c_i ← ρ c_i + (1-ρ) Σ_x p_i(x).
         `probs`: the routing of h if the caller has it already."""
         rho = self.config.anchor_momentum

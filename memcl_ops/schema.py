@@ -1,4 +1,4 @@
-"""The Arrow batch contract every actor speaks (DESIGN.md, "Data on the wire").
+"""The Arrow batch contract every actor speaks (docs/architecture.md, "The Arrow contract").
 
 One `pyarrow.RecordBatch` per call. Columns:
 

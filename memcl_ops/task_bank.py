@@ -1,5 +1,5 @@
 """NSR's TaskKnowledgeBank: compressed LoRA deltas of past tasks, recalled by task-embedding similarity
-(METHODS.md 3.2).
+(docs/methods.md, "NSR").
 
 An entry holds the task's key e_τ = Norm(mean f_base(x)) over its first samples (frozen backbone, LoRA off, so
 keys never drift), its compressed per-site deltas, its head and usage statistics. At most `capacity` entries

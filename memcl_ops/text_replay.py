@@ -1,4 +1,5 @@
-"""Text replay in the prompt under a byte budget: the "-B" memory baselines of METHODS.md 1.2 (c).
+"""Text replay in the prompt under a byte budget: the memory baseline beside MIITA
+(docs/methods.md, "MIITA").
 
 Stored (prompt, answer) examples count their UTF-8 bytes against the same `C_mem` MIITA's prototypes count
 their tensor bytes against. At inference the stored examples nearest to the query by semantic key (the same

@@ -7,8 +7,8 @@ feature-cache loop of pipeline/runner.py; `runner.run` hands `method: nsr` runs 
     then every seen task is evaluated: with its bank entry (or the active capacity for the memoryless
     allocations and for evicted tasks).
 
-Allocations (METHODS.md 3.2): "bank" is NSR's similarity rule; "fresh" and "keep" are the memoryless rules. For a
-returning task the trainer tracks accuracy after the arrival decision and after every step until it is back within
+Allocations (docs/methods.md, "NSR"): "bank" is NSR's similarity rule; "fresh" and "keep" are the memoryless rules.
+For a returning task the trainer tracks accuracy after the arrival decision and after every step until it is back within
 `recovery_tolerance` of its previous best (the best accuracy measured while it was the active task).
 
 Data moves between actors by reference (the driver only sees small reports); the active capacity and the bank

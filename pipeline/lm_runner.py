@@ -1,5 +1,5 @@
 """`memcl lm`: continual learning of (instruction -> short answer) tasks with a frozen small LM, several methods
-side by side on one task stream, the memory methods at each byte budget (METHODS.md 1.2-1.3).
+side by side on one task stream, the memory methods at each byte budget (docs/methods.md, "MIITA").
 
 Per task, through Arrow batches and actors:
 

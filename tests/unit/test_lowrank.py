@@ -1,4 +1,4 @@
-"""QR-of-factors SVD and the energy-rule compression of LoRA deltas (NSR, METHODS.md 3.2)."""
+"""QR-of-factors SVD and the energy-rule compression of LoRA deltas (NSR, docs/methods.md, "NSR")."""
 
 import numpy as np
 import pytest

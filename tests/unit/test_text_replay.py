@@ -1,4 +1,4 @@
-"""The byte-budgeted text replay buffer (the "-B" baseline of METHODS.md 1.2 c)."""
+"""The byte-budgeted text replay buffer (the baseline beside MIITA, docs/methods.md)."""
 
 import numpy as np
 import pytest
