@@ -215,6 +215,12 @@ class ConfidenceSignal:
         return self.tracker.values.maxlen * 8 + 8
 
 
+def nearest_distances(z: np.ndarray, rows: np.ndarray, row_norms: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """min ||z - r|| per row of z within each group of `rows` (groups begin at `starts`; `row_norms` = ||r||²)."""
+    squared = (z * z).sum(1)[:, None] + row_norms[None, :] - 2.0 * z @ rows.T
+    return np.sqrt(np.maximum(np.minimum.reduceat(squared, starts, axis=1), 0.0))
+
+
 class Reference:
     """The last m frozen features assigned to one expanded slot: alternately bank and calibration rows, and the
     conformal radius r read off the calibration rows' distances to the bank."""
@@ -246,8 +252,7 @@ class Reference:
 
     def distance(self, z: np.ndarray) -> np.ndarray:
         """min over the bank of ||z - b|| per row of z."""
-        squared = (z * z).sum(1)[:, None] + (self.bank * self.bank).sum(1)[None, :] - 2.0 * z @ self.bank.T
-        return np.sqrt(np.maximum(squared.min(axis=1), 0.0))
+        return nearest_distances(z, self.bank, (self.bank * self.bank).sum(1), np.zeros(1, np.int64))[:, 0]
 
     def state(self) -> dict[str, np.ndarray]:
         return {"bank": self.bank, "calibration": self.calibration, "added": np.array(self.added)}
@@ -289,8 +294,7 @@ class ReferenceSignal:
         if not active:
             return out
         # one product against all banks at once, then the minimum within each bank's columns
-        squared = (z * z).sum(1)[:, None] + norms[None, :] - 2.0 * z @ stacked.T
-        out[:, active] = np.sqrt(np.maximum(np.minimum.reduceat(squared, starts, axis=1), 0.0)) / scale
+        out[:, active] = nearest_distances(z, stacked, norms, starts) / scale
         return out
 
     def _stack(self) -> None:

@@ -134,7 +134,7 @@ def checks(rows: list[dict], metrics: dict, info_novel: int, initial_slots: int,
     growth = {k[4:]: late[k] / early[k] - 1 for k in late if k.startswith("rss.")}
     second = np.mean([r["throughput"] for r in rows[tenth:2 * tenth]])
     last = np.mean([r["throughput"] for r in rows[-tenth:]])
-    batches = sum(metrics["round_log"][i]["batches"] for i in range(len(metrics["round_log"])))
+    batches = sum(entry["batches"] for entry in metrics["round_log"])
     return {
         "slots": {"final": final_slots, "initial": initial_slots, "novel_events": info_novel, "tests": tests,
                   "bound": bound, "holds": final_slots <= bound},
