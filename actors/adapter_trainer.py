@@ -9,10 +9,10 @@ import ray
 import torch
 
 from actors.clock import StageClock
-from memcl_ops.encoders import EncoderSpec, build_encoder
-from memcl_ops.lora import backbone_parameters
-from memcl_ops.nsr import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
-from memcl_ops.task_bank import BankEntry
+from memcl_ops.models.encoders import EncoderSpec, build_encoder
+from memcl_ops.models.lora import backbone_parameters
+from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
+from memcl_ops.nsr.task_bank import BankEntry
 
 
 @ray.remote

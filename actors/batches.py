@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from memcl_ops import schema as S
+from memcl_ops.arrow import schema as S
 
 
 def labelled_block(batches: tuple[pa.RecordBatch | None, ...]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:

@@ -9,11 +9,11 @@ import torch
 
 from actors.batches import labelled_block
 from actors.clock import StageClock
-from memcl_ops import schema as S
-from memcl_ops.analytic import AnalyticConfig, AnalyticHead
-from memcl_ops.encoders import EncoderSpec, build_encoder, encode_checked
-from memcl_ops.feature_cache import ContentCache
-from memcl_ops.gate import empty_dead_letters, gate
+from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticHead
+from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.gate import empty_dead_letters, gate
+from memcl_ops.data.feature_cache import ContentCache
+from memcl_ops.models.encoders import EncoderSpec, build_encoder, encode_checked
 
 
 @ray.remote

@@ -13,10 +13,10 @@ import ray
 import torch
 
 from actors.clock import StageClock
-from memcl_ops import schema as S
-from memcl_ops.causal_lm import LMSpec, load_lm
-from memcl_ops.lm_methods import with_predictions
-from memcl_ops.miita import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
+from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.schema import with_predictions
+from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
+from memcl_ops.models.causal_lm import LMSpec, load_lm
 
 
 @ray.remote

@@ -9,10 +9,11 @@ import ray
 import torch
 
 from actors.clock import StageClock
-from memcl_ops import schema as S
-from memcl_ops.causal_lm import LMSpec, load_lm
-from memcl_ops.lm_methods import FinetuneConfig, finetune, with_predictions
-from memcl_ops.lora import LoRAAdapters
+from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.schema import with_predictions
+from memcl_ops.baselines.lm_finetune import FinetuneConfig, finetune
+from memcl_ops.models.causal_lm import LMSpec, load_lm
+from memcl_ops.models.lora import LoRAAdapters
 
 
 @ray.remote

@@ -11,15 +11,14 @@ import ray
 import torch
 
 from actors.clock import StageClock
-from memcl_ops import schema as S
-from memcl_ops.analytic import RidgeStatistics
-from memcl_ops.lm_methods import add_examples, write_directions
-from memcl_ops.miita import DirectionMemory, MemoryConfig
-from memcl_ops.nsr import ArrivalPlan, Snapshot, plan_arrival
-from memcl_ops.router import RouterConfig, SlotRouter
-from memcl_ops.sgse import Expansion
-from memcl_ops.task_bank import BankConfig, BankEntry, TaskKnowledgeBank
-from memcl_ops.text_replay import ReplayConfig, TextReplayBuffer
+from memcl_ops.analytic.ridge import RidgeStatistics
+from memcl_ops.arrow import schema as S
+from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, add_examples
+from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.mars.sgse import Expansion
+from memcl_ops.miita.directions import DirectionMemory, MemoryConfig, write_directions
+from memcl_ops.nsr.adapter import ArrivalPlan, Snapshot, plan_arrival
+from memcl_ops.nsr.task_bank import BankConfig, BankEntry, TaskKnowledgeBank
 
 
 @ray.remote

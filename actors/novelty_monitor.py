@@ -8,9 +8,9 @@ import pyarrow as pa
 import ray
 
 from actors.clock import StageClock
-from memcl_ops import schema as S
-from memcl_ops.sgse import Expansion, SGSEConfig
-from memcl_ops.sgse import NoveltyMonitor as SGSE
+from memcl_ops.arrow import schema as S
+from memcl_ops.mars.sgse import Expansion, SGSEConfig
+from memcl_ops.mars.sgse import NoveltyMonitor as SGSE
 
 
 @ray.remote

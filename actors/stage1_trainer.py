@@ -11,8 +11,8 @@ from ray.util.queue import Queue
 from actors.batches import labelled_block
 from actors.clock import StageClock
 from actors.progress import epoch_reporter
-from memcl_ops.dcda import Stage1Config, train_stage1
-from memcl_ops.router import RouterConfig, SlotRouter
+from memcl_ops.mars.dcda import Stage1Config, train_stage1
+from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.training import report_epochs
 
 

@@ -15,9 +15,9 @@ from ray.util.queue import Queue
 from actors.batches import labelled_block
 from actors.clock import StageClock
 from actors.progress import epoch_reporter
-from memcl_ops import schema as S
+from memcl_ops.arrow import schema as S
+from memcl_ops.mars.router import SlotRouter
 from memcl_ops.methods import MethodConfig, build_head, method_spec
-from memcl_ops.router import SlotRouter
 from memcl_ops.training import report_epochs
 
 

@@ -8,11 +8,11 @@ import pyarrow as pa
 import ray
 
 from actors.clock import StageClock
-from memcl_ops import schema as S
-from memcl_ops.datasets import DatasetUnavailable
-from memcl_ops.gate import gate
-from memcl_ops.sources import SourceSpec, StreamInfo, build_stream
-from memcl_ops.streams import StreamSpec
+from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.gate import gate
+from memcl_ops.data.datasets import DatasetUnavailable
+from memcl_ops.data.sources import SourceSpec, StreamInfo, build_stream
+from memcl_ops.data.streams import StreamSpec
 
 
 @ray.remote

@@ -3,7 +3,7 @@
 The same rows (real EfficientNet-Lite0 features from the feature cache when present, else seeded Gaussian rows) are
 dealt to k replicas in a random order, each replica sums its share, the shares are merged; that is repeated for
 several random deals. Plain float64 sums (what `G += φᵀφ` does) give a different G for each deal; the exact
-fixed-point sums of `memcl_ops.analytic` give the same bits every time. Also printed: the time of one
+fixed-point sums of `memcl_ops.analytic.ridge` give the same bits every time. Also printed: the time of one
 statistics update (exact: rounding + chunked products + int64 sums; plain: one float64 product), as a ratio.
 
     python benchmarks/analytic_exactness.py [--rows 4000] [--expansion-dim 1024] [--deals 4] [--replicas 4]
@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
-from memcl_ops.analytic import AnalyticConfig, AnalyticHead
+from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticHead
 
 
 def features(rows: int) -> tuple[np.ndarray, np.ndarray, str]:

@@ -25,9 +25,9 @@ import numpy as np
 import ray
 
 from actors.encoder import Encoder
-from memcl_ops import schema as S
-from memcl_ops.datasets import load_fashion_mnist
-from memcl_ops.encoders import EncoderSpec
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.datasets import load_fashion_mnist
+from memcl_ops.models.encoders import EncoderSpec
 from pipeline.config import EncoderPoolConfig
 from pipeline.progress import InFlight, Progress
 

@@ -21,9 +21,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
-from memcl_ops.lora import TARGET_PRESETS, LoRAAdapters, LoRAConfig
-from memcl_ops.lowrank import CompressionConfig, compress, factored_svd
-from memcl_ops.nsr import Snapshot
+from memcl_ops.models.lora import TARGET_PRESETS, LoRAAdapters, LoRAConfig
+from memcl_ops.models.lowrank import CompressionConfig, compress, factored_svd
+from memcl_ops.nsr.adapter import Snapshot
 
 HEAD_CLASSES = 10  # one 5-Datasets task
 DENSE_TIMED = 4  # dense SVDs timed (each takes ~0.1-1 s here)

@@ -15,10 +15,10 @@ import argparse
 import numpy as np
 import torch
 
-from memcl_ops import schema as S
-from memcl_ops.datasets import load_fashion_mnist
-from memcl_ops.encoders import EncoderSpec, build_encoder
-from memcl_ops.router import RouterConfig, SlotRouter
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.datasets import load_fashion_mnist
+from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.models.encoders import EncoderSpec, build_encoder
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.router import normalize
+from memcl_ops.tensors import normalize
 
 
 def supcon_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float = 0.07,

@@ -1,34 +1,32 @@
-"""Continual-learning methods: one uniform learner interface and a registry of what each method is.
+"""The method registry: every method memcl runs, found by its name in one place, with its family, its roles,
+the settings that define it and the capability tags it declares.
 
-A method is four roles, each owned by one actor in the pipeline:
+A "features" method is up to four roles, each owned by one actor in the pipeline:
 
 * memory: a `SlotRouter` between encoder and head (MARS), or none (h̃ = h);
 * novelty monitor: SGSE deciding when the memory grows, or none;
 * stage 1: DCDA memory training, or none;
-* head learner: the classifier and whatever it keeps to not forget (teacher, buffer, statistics).
+* head learner (memcl_ops/learner.py): the classifier and whatever it keeps to not forget.
 
-`HeadLearner` is the uniform interface every head follows (river-style): `fit` on a block of data,
-`end_task` at a boundary, `predict`, `state`/`restore` over plain numpy dicts, `memory_bytes`.
-`METHODS` declares, per method, its roles, its fixed settings and what it is compatible with
-(Mammoth-style); all tunable defaults live in `MethodConfig`, once.
-"""
+"nsr" methods train LoRA inside the encoder (memcl_ops/nsr/), "lm" methods answer prompts with a frozen causal
+LM (memcl_ops/miita/, memcl_ops/baselines/). All tunable defaults live in `MethodConfig` / `LMMethodConfig`, once."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
-import numpy as np
-import torch
-
-from memcl_ops.analytic import AnalyticConfig, AnalyticLearner
-from memcl_ops.baselines import DERppConfig, DERppHead, EWCConfig, EWCHead, JointHead, NearestMeanHead
-from memcl_ops.dcda import Stage1Config, Stage2Config, Teacher, apply_memory, train_stage2
-from memcl_ops.head import GrowingLinearHead
-from memcl_ops.nsr import NSRConfig
-from memcl_ops.router import RouterConfig, SlotRouter
-from memcl_ops.sgse import SGSEConfig
+from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticLearner
+from memcl_ops.baselines.heads import DERppConfig, DERppHead, EWCConfig, EWCHead, JointHead, NearestMeanHead
+from memcl_ops.baselines.lm_finetune import FinetuneConfig
+from memcl_ops.baselines.text_replay import ReplayConfig
+from memcl_ops.learner import HeadLearner
+from memcl_ops.mars.dcda import Stage1Config, Stage2Config
+from memcl_ops.mars.head import DistillHead
+from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.mars.sgse import SGSEConfig
+from memcl_ops.miita.directions import AdaptConfig, MemoryConfig
+from memcl_ops.nsr.adapter import NSRConfig
 
 
 @dataclass(frozen=True)
@@ -47,75 +45,6 @@ class MethodConfig:
     consolidate_every: int = 8  # task-free mode: run stage 1 + 2 every K batches
 
 
-class HeadLearner(Protocol):
-    """The classifier role of a method; features arrive raw and are passed through `memory` (may be None)."""
-
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]: ...
-
-    def end_task(self, memory: SlotRouter | None) -> None: ...
-
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray: ...
-
-    def state(self) -> dict[str, np.ndarray]: ...
-
-    def restore(self, state: dict[str, np.ndarray]) -> None: ...
-
-    def memory_bytes(self) -> dict[str, int]: ...
-
-
-def state_nbytes(state: dict[str, np.ndarray]) -> int:
-    return int(sum(np.asarray(v).nbytes for v in state.values()))
-
-
-class DistillHead:
-    """A growing linear head trained with CE + old-class distillation (DCDA stage 2, LwF, fine-tune).
-
-    With λ_LwF = λ_anchor = 0 it is plain sequential fine-tuning and keeps no teacher.
-    """
-
-    def __init__(self, feature_dim: int, config: Stage2Config, seed: int):
-        self.config, self.seed = config, seed
-        self.head = GrowingLinearHead(feature_dim)
-        self.teacher: Teacher | None = None
-        self.fits = 0
-
-    @property
-    def distills(self) -> bool:
-        return bool(self.config.lambda_lwf or self.config.lambda_anchor)
-
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
-        self.head.grow(labels)
-        history = train_stage2(self.head, memory, features, labels, self.teacher, self.config,
-                               seed=self.seed * 100_003 + self.fits)
-        self.fits += 1
-        return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
-
-    def end_task(self, memory: SlotRouter | None) -> None:
-        if self.distills:
-            self.teacher = Teacher.snapshot(memory, self.head)
-
-    @torch.no_grad()
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
-        return self.head.predict(apply_memory(memory, features))
-
-    def state(self) -> dict[str, np.ndarray]:
-        out = {f"head.{k}": v for k, v in self.head.state().items()}
-        if self.teacher is not None:
-            out.update({f"teacher.{k}": v for k, v in self.teacher.state().items()})
-        out["fits"] = np.array(self.fits)
-        return out
-
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.head.load_state({k[5:]: v for k, v in state.items() if k.startswith("head.")})
-        teacher = {k[8:]: v for k, v in state.items() if k.startswith("teacher.")}
-        self.teacher = Teacher.from_state(teacher) if teacher else None
-        self.fits = int(state["fits"])
-
-    def memory_bytes(self) -> dict[str, int]:
-        return {"head": self.head.nbytes(),
-                "teacher": state_nbytes(self.teacher.state()) if self.teacher is not None else 0}
-
-
 HeadFactory = Callable[[int, MethodConfig, int], HeadLearner]
 
 HEADS: dict[str, HeadFactory] = {
@@ -128,29 +57,53 @@ HEADS: dict[str, HeadFactory] = {
 }
 
 
+# Capability tags a method declares (Mammoth's COMPATIBILITY, river's tags); the conformance check
+# (memcl_ops/conformance.py) selects its checks by them, the runner and preflight refuse what a method cannot do.
+TAGS = {
+    "task-free": "learns without task boundaries (rounds of K batches)",
+    "mergeable": "its learning is a sum of statistics: encoder replicas sum their batches' share, merged exactly",
+    "trains-backbone": "trains weights inside the frozen model (LoRA), on raw batches",
+    "generative": "answers text prompts with a causal LM (memcl lm) instead of predicting class labels",
+    "byte-budget": "its memory is capped by a byte budget set per run (memcl lm --budgets)",
+    "learns-nothing": "keeps no state (the frozen base): restore and byte checks are vacuous",
+}
+FAMILIES = ("features", "nsr", "lm")  # what runs where: pipeline/runner.py builds one pipeline per family
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """What a method is: its roles, the settings that define it, and what it is compatible with."""
+    """What a method is: its family and roles, the settings that define it, and what it is compatible with."""
 
     name: str
     summary: str
-    head: str  # key of HEADS
+    # "features": a HeadLearner over frozen (cached) features, with MARS's roles switched on below; "nsr": LoRA
+    # trained inside the encoder on raw batches; "lm": a frozen causal LM answering text prompts
+    family: str = "features"
+    head: str | None = None  # key of HEADS (family "features")
     memory: bool = False  # a SlotRouter between encoder and head
     sgse: bool = False  # SGSE grows the memory
     stage1: bool = False  # DCDA stage 1 trains the memory
     fixed: dict[str, dict[str, object]] = field(default_factory=dict)  # section -> settings the method fixes
-    task_free: bool = True  # works without task boundaries
+    tags: frozenset[str] = frozenset({"task-free"})
     # what labels the head learns from: the current block only ("current"), or also earlier blocks' labels it
     # keeps in its own (byte-counted) memory ("seen"); never those of blocks not streamed yet
     uses_labels_of: str = "current"
     # what the method is in a comparison: "memcl" (ours), "baseline", "ablation" (of MARS) or "upper-bound"
     role: str = "memcl"
-    # "features": the runner's loop over frozen (cached) features and a HeadLearner; "adapter": LoRA trained inside
-    # the encoder on raw batches (NSR, pipeline/adapter_runner.py; `head` is then unused)
-    loop: str = "features"
-    # the head is a sum of statistics of the frozen features (memcl_ops/analytic.py): encoder replicas can sum their
-    # own batches' share and the MemoryManager merge them (when features are encoded in-line)
-    mergeable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES or not self.tags <= TAGS.keys() or (
+                self.family == "features") != bool(self.head):
+            raise ValueError(f"method {self.name!r}: bad family {self.family!r}, head {self.head!r} or tags "
+                             f"{sorted(self.tags)}")
+
+    @property
+    def task_free(self) -> bool:
+        return "task-free" in self.tags
+
+    @property
+    def mergeable(self) -> bool:
+        return "mergeable" in self.tags
 
     def resolve(self, config: MethodConfig) -> MethodConfig:
         """`config` with this method's defining settings applied (they win over user values)."""
@@ -158,54 +111,78 @@ class MethodSpec:
         return replace(config, name=self.name, **sections)
 
 
+@dataclass(frozen=True)
+class LMMethodConfig:
+    memory: MemoryConfig = MemoryConfig()
+    adapt: AdaptConfig = AdaptConfig()
+    replay: ReplayConfig = ReplayConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
+
+
+
+_NSR_TAGS = frozenset({"trains-backbone"})  # task-aware: the bank is keyed at task arrival
 _NO_DISTILL = {"stage2": {"lambda_lwf": 0.0, "lambda_anchor": 0.0}}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
-    MethodSpec("mars", "MARS: slot memory + SGSE + DCDA stage 1 and 2", "distill", memory=True, sgse=True, stage1=True),
+    MethodSpec("mars", "MARS: slot memory + SGSE + DCDA stage 1 and 2", head="distill", memory=True, sgse=True,
+               stage1=True),
     # SGSE's calibrated reference signal (docs/methods.md): keeps SGSE's slot bound on long recurring streams, where
     # the paper's confidence signal does not; not MARS's default because it costs 1.4 points A_last on fmnist-5x2
     # (benchmarks/RESULTS.md, "SGSE signals")
-    MethodSpec("mars-reference", "MARS with SGSE's calibrated per-slot reference signal (frozen features)", "distill",
-               memory=True, sgse=True, stage1=True, fixed={"sgse": {"signal": "reference"}}),
+    MethodSpec("mars-reference", "MARS with SGSE's calibrated per-slot reference signal (frozen features)",
+               head="distill", memory=True, sgse=True, stage1=True, fixed={"sgse": {"signal": "reference"}}),
     MethodSpec("finetune", "sequential cross-entropy on the frozen features (no memory, no distillation)",
-               "distill", fixed=_NO_DISTILL, role="baseline"),
-    # Baselines (memcl_ops/baselines.py) on the same frozen features, stream and head.
+               head="distill", fixed=_NO_DISTILL, role="baseline"),
+    # Baselines (memcl_ops/baselines/heads.py) on the same frozen features, stream and head.
     MethodSpec("lwf", "LwF: CE + KD of the previous head on current inputs (DCDA stage 2 without memory, anchors)",
-               "distill", fixed={"stage2": {"lambda_anchor": 0.0}}, role="baseline"),
-    MethodSpec("ewc", "online EWC: CE + diagonal-Fisher penalty on the head", "ewc", role="baseline"),
-    MethodSpec("derpp", "DER++: CE + logit and label replay from a reservoir buffer of features", "derpp",
+               head="distill", fixed={"stage2": {"lambda_anchor": 0.0}}, role="baseline"),
+    MethodSpec("ewc", "online EWC: CE + diagonal-Fisher penalty on the head", head="ewc", role="baseline"),
+    MethodSpec("derpp", "DER++: CE + logit and label replay from a reservoir buffer of features", head="derpp",
                uses_labels_of="seen", role="baseline"),
-    MethodSpec("simplecil", "SimpleCIL: cosine nearest class mean, no training", "nearest-mean", role="baseline"),
-    MethodSpec("joint", "joint training on all data seen so far (non-continual upper bound)", "joint",
+    MethodSpec("simplecil", "SimpleCIL: cosine nearest class mean, no training", head="nearest-mean", role="baseline"),
+    MethodSpec("joint", "joint training on all data seen so far (non-continual upper bound)", head="joint",
                uses_labels_of="seen", role="upper-bound"),
     # MARS ablations (the paper's Tab. ablations). No-Stage2 keeps the classifier (something must classify) but
     # drops stage 2's distillation (LwF and anchor KD): the head is trained by CE alone on h̃.
-    MethodSpec("mars-no-sgse", "MARS with the initial slots only (no SGSE expansion)", "distill", memory=True,
+    MethodSpec("mars-no-sgse", "MARS with the initial slots only (no SGSE expansion)", head="distill", memory=True,
                stage1=True, role="ablation"),
-    MethodSpec("mars-no-anchor", "MARS without anchor distillation in stage 2", "distill", memory=True, sgse=True,
+    MethodSpec("mars-no-anchor", "MARS without anchor distillation in stage 2", head="distill", memory=True, sgse=True,
                stage1=True, fixed={"stage2": {"lambda_anchor": 0.0}}, role="ablation"),
-    MethodSpec("mars-no-stage1", "MARS without stage 1 (the memory keeps its initial parameters)", "distill",
+    MethodSpec("mars-no-stage1", "MARS without stage 1 (the memory keeps its initial parameters)", head="distill",
                memory=True, sgse=True, role="ablation"),
-    MethodSpec("mars-no-stage2", "MARS without stage 2's distillation (CE only on h̃)", "distill", memory=True,
+    MethodSpec("mars-no-stage2", "MARS without stage 2's distillation (CE only on h̃)", head="distill", memory=True,
                sgse=True, stage1=True, fixed=_NO_DISTILL, role="ablation"),
-    # Closed-form ridge heads from exact running statistics (memcl_ops/analytic.py): equal to joint ridge on all data
-    # seen after every task, no samples kept.
+    # Closed-form ridge heads from exact running statistics (memcl_ops/analytic/ridge.py): equal to joint ridge on all
+    # data seen after every task, no samples kept.
     MethodSpec("analytic", "analytic ridge head on the frozen features (exact running statistics, λ by LOO)",
-               "analytic", fixed={"analytic": {"expansion_dim": 0}}, mergeable=True),
+               head="analytic", fixed={"analytic": {"expansion_dim": 0}}, tags=frozenset({"task-free", "mergeable"})),
     MethodSpec("analytic-rp", "analytic ridge head on a fixed random ReLU expansion of the features (RanPAC-style)",
-               "analytic", mergeable=True),
-    MethodSpec("mars-analytic", "MARS memory (SGSE + DCDA stage 1) with the analytic ridge head on h̃", "analytic",
+               head="analytic", tags=frozenset({"task-free", "mergeable"})),
+    MethodSpec("mars-analytic", "MARS memory (SGSE + DCDA stage 1) with the analytic ridge head on h̃", head="analytic",
                memory=True, sgse=True, stage1=True, fixed={"analytic": {"expansion_dim": 0}}),
-    # NSR (memcl_ops/nsr.py): its memoryless baselines are the same method with nsr.allocation fresh / keep.
+    # NSR (memcl_ops/nsr/): LoRA inside the frozen encoder; its memoryless baselines are the same learner with the
+    # fresh / keep allocation rule.
     MethodSpec("nsr", "NSR: LoRA in the frozen encoder, compressed into a task bank, recalled at task arrival",
-               "none", task_free=False, loop="adapter"),
+               family="nsr", tags=_NSR_TAGS),
+    MethodSpec("nsr-fresh", "NSR's learner without a bank: a fresh adapter for every visit (memoryless)",
+               family="nsr", tags=_NSR_TAGS, fixed={"nsr": {"allocation": "fresh"}}, role="baseline"),
+    MethodSpec("nsr-keep", "NSR's learner without a bank: one adapter kept training across visits (memoryless)",
+               family="nsr", tags=_NSR_TAGS, fixed={"nsr": {"allocation": "keep"}}, role="baseline"),
+    # A frozen causal LM on (prompt, answer) tasks (`memcl lm`, memcl_ops/miita/ and memcl_ops/baselines/).
+    MethodSpec("base", "the frozen causal LM, no memory", family="lm", tags=frozenset({"generative", "learns-nothing"}),
+               role="baseline"),
+    MethodSpec("miita", "MIITA: direction prototypes + gated temporary pre-LM-head update", family="lm",
+               tags=frozenset({"generative", "byte-budget"})),
+    MethodSpec("replay", "text replay: stored examples, nearest by key, as demonstrations in the prompt (UTF-8 "
+               "budget)", family="lm", tags=frozenset({"generative", "byte-budget"}), role="baseline"),
+    MethodSpec("lora", "sequential LoRA fine-tuning of q/v projections, no memory (forgetting reference)",
+               family="lm", tags=frozenset({"generative", "trains-backbone"}), role="baseline"),
 ]}
 
 
-def head_learner_methods() -> list[str]:
-    """Registered methods whose learning happens in a `HeadLearner` over frozen features (registry order): the
-    ones the conformance suite drives in-process and `memcl bench` compares by default."""
-    return [name for name, spec in METHODS.items() if spec.head in HEADS]
+def family_methods(family: str) -> list[str]:
+    """Registered methods of one family, in registry order (`memcl bench` compares the "features" ones)."""
+    return [name for name, spec in METHODS.items() if spec.family == family]
 
 
 def method_spec(name: str) -> MethodSpec:
@@ -221,3 +198,11 @@ def build_head(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: i
 
 def build_memory(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int) -> SlotRouter | None:
     return SlotRouter(feature_dim, config.router, seed=seed) if spec.memory else None
+
+
+def lm_method(name: str) -> MethodSpec:
+    """The registry entry of a method `memcl lm` runs."""
+    spec = method_spec(name)
+    if spec.family != "lm":
+        raise ValueError(f"{name!r} is not an LM method; known: {family_methods('lm')}")
+    return spec

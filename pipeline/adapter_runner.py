@@ -31,10 +31,10 @@ import ray
 from actors.adapter_trainer import AdapterTrainer
 from actors.memory_manager import MemoryManager
 from memcl_ops import metrics as M
+from memcl_ops.data.sources import StreamInfo
+from memcl_ops.mars.router import RouterConfig
 from memcl_ops.methods import method_spec
-from memcl_ops.nsr import ArrivalPlan
-from memcl_ops.router import RouterConfig
-from memcl_ops.sources import StreamInfo
+from memcl_ops.nsr.adapter import ArrivalPlan
 from pipeline import checkpoint, report
 from pipeline.config import RunConfig
 from pipeline.progress import InFlight, Progress

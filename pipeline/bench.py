@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from memcl_ops.methods import METHODS, head_learner_methods, method_spec
+from memcl_ops.methods import METHODS, family_methods, method_spec
 from pipeline import runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RunConfig, load_config
@@ -42,7 +42,7 @@ def suite_methods(chosen: Suite, config: RunConfig, methods: list[str] | None = 
     """The methods to compare: those asked for (checked), else the suite's, else every registered method that
     learns on the frozen features (registry order); of those, the ones that can run the stream (a task-free
     stream rules out methods that need task boundaries)."""
-    names = methods or list(chosen.methods or head_learner_methods())
+    names = methods or list(chosen.methods or family_methods("features"))
     for name in names:
         method_spec(name)  # unknown names fail here, naming the known ones
     return [n for n in names if METHODS[n].task_free or not config.stream.task_free]

@@ -132,7 +132,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
         rows = [(name, spec.role, spec.summary) for name, spec in METHODS.items()]
     elif args.what == "datasets":
-        from memcl_ops.datasets import DATASETS, missing_parts
+        from memcl_ops.data.datasets import DATASETS, missing_parts
 
         rows = [(name, f"{e.payload}, {e.num_classes} classes", e.summary
                  + (f" [not installed: {missing_parts(e)[0]}]" if missing_parts(e) else ""))
@@ -143,7 +143,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
         rows = [(name, "bench", s.summary) for name, s in SUITES.items()]
     else:
-        from memcl_ops.encoders import ENCODER_NAMES
+        from memcl_ops.models.encoders import ENCODER_NAMES
 
         rows = [(name, "encoder", "") for name in ENCODER_NAMES]
     width = [max(len(r[i]) for r in rows) for i in range(2)]
@@ -152,7 +152,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-OWN_DATA = [  # the data sources that are not a fixed dataset (memcl_ops/sources.py)
+OWN_DATA = [  # the data sources that are not a fixed dataset (memcl_ops/data/sources.py)
     ("synthetic", "features", "Gaussian class clusters in feature space (data.synthetic.*)"),
     ("drift", "features", "recurring tasks under drift and abrupt shifts (data.drift.*)"),
     ("arrow:<folder>", "any", "your own Parquet / Arrow IPC files: <folder>/train/, <folder>/test/ (README)"),

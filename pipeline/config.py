@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 import yaml
 
-from memcl_ops.encoders import EncoderSpec
+from memcl_ops.data.sources import SourceSpec
+from memcl_ops.data.streams import StreamSpec
 from memcl_ops.methods import MethodConfig
-from memcl_ops.sources import SourceSpec
-from memcl_ops.streams import StreamSpec
+from memcl_ops.models.encoders import EncoderSpec
 
 
 class ConfigError(ValueError):

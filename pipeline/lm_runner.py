@@ -38,12 +38,13 @@ from actors.lm_encoder import LMEncoder
 from actors.lm_trainer import LMTrainer
 from actors.memory_manager import MemoryManager
 from memcl_ops import metrics as M
-from memcl_ops import schema as S
-from memcl_ops.causal_lm import LMSpec, check_lm_name
-from memcl_ops.lm_methods import ANSWER_NLL, LM_METHODS, MEMORY_METHODS, PREDICTION, LMMethodConfig, check_method
-from memcl_ops.lm_tasks import LMStreamSpec, TextTask, build_stream, exact_match
-from memcl_ops.miita import MemoryConfig
-from memcl_ops.router import RouterConfig
+from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.schema import ANSWER_NLL, PREDICTION
+from memcl_ops.data.lm_tasks import LMStreamSpec, TextTask, build_stream, exact_match
+from memcl_ops.mars.router import RouterConfig
+from memcl_ops.methods import LMMethodConfig, family_methods, lm_method
+from memcl_ops.miita.directions import MemoryConfig
+from memcl_ops.models.causal_lm import LMSpec, check_lm_name
 from pipeline import report
 from pipeline.actor_cache import ActorCache
 from pipeline.config import ConfigError, dump_config
@@ -93,11 +94,10 @@ class RunSpec:
 
 def run_specs(config: LMRunConfig) -> list[RunSpec]:
     if not config.methods:
-        raise ValueError("methods is empty; choose from " + ", ".join(LM_METHODS))
+        raise ValueError("methods is empty; choose from " + ", ".join(family_methods("lm")))
     specs = []
     for method in config.methods:
-        check_method(method)
-        if method in MEMORY_METHODS:
+        if "byte-budget" in lm_method(method).tags:
             if not config.budgets or min(config.budgets) <= 0:
                 raise ValueError(f"{method} needs positive byte budgets, got {config.budgets}")
             specs += [RunSpec(method, b) for b in config.budgets]
@@ -142,7 +142,7 @@ class LMPipeline:
 
     def start(self, spec: RunSpec) -> None:
         cfg, hidden = self.config, self.info["hidden"]
-        if spec.method in MEMORY_METHODS:
+        if "byte-budget" in lm_method(spec.method).tags:
             self.memory = self.actors.get("memory", MemoryManager, {"num_cpus": 0}, hidden,
                                           RouterConfig(initial_slots=0), 0, cfg.seed, 1)
             if spec.method == "miita":
@@ -187,7 +187,7 @@ class LMPipeline:
         return [self.encoder.generate.remote(b, tokens) for b in batches]
 
     def memory_bytes(self, spec: RunSpec) -> dict[str, int]:
-        if spec.method in MEMORY_METHODS:
+        if "byte-budget" in lm_method(spec.method).tags:
             entry = "prototypes" if spec.method == "miita" else "replay_text"
             return {entry: ray.get(self.memory.memory_report.remote())[entry]}
         if spec.method == "lora":

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from memcl_ops.datasets import DatasetUnavailable
-from memcl_ops.encoders import ENCODER_NAMES, is_encoder_name
+from memcl_ops.data.datasets import DatasetUnavailable
+from memcl_ops.data.sources import check_source
 from memcl_ops.methods import METHODS, MethodSpec
-from memcl_ops.sources import check_source
+from memcl_ops.models.encoders import ENCODER_NAMES, is_encoder_name
 from pipeline.config import ConfigError, RunConfig
 
 
@@ -23,6 +23,10 @@ def method(name: str) -> MethodSpec:
 def check_run(config: RunConfig) -> MethodSpec:
     """The method's spec if `config` can run; else ConfigError."""
     spec = method(config.method.name)
+    if spec.family == "lm":
+        raise ConfigError(f"method.name: {spec.name} answers text prompts with a causal LM; run it with `memcl lm "
+                          f"--methods {spec.name}` (memcl run takes: "
+                          + ", ".join(n for n, s in METHODS.items() if s.family != "lm") + ")")
     if config.stream.task_free and not spec.task_free:
         raise ConfigError(f"stream.task_free: method {spec.name} needs task boundaries; accepted with task_free: "
                           + ", ".join(n for n, s in METHODS.items() if s.task_free))

@@ -36,11 +36,11 @@ from actors.novelty_monitor import NoveltyMonitor
 from actors.stage1_trainer import Stage1Trainer
 from actors.stage2_trainer import Stage2Trainer
 from actors.stream_source import StreamSource
-from memcl_ops import schema as S
-from memcl_ops.feature_cache import FeatureCache
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.feature_cache import FeatureCache
+from memcl_ops.data.sources import StreamInfo
+from memcl_ops.mars.router import RouterConfig
 from memcl_ops.methods import MethodSpec
-from memcl_ops.router import RouterConfig
-from memcl_ops.sources import StreamInfo
 from pipeline import checkpoint, preflight, report
 from pipeline.actor_cache import ActorCache, is_fault
 from pipeline.config import RunConfig, dump_config, load_config
@@ -370,7 +370,7 @@ def _run(config: RunConfig, spec: MethodSpec, source: ray.actor.ActorHandle, inf
          on_round: RoundHook | None) -> dict:
     rt = config.runtime
     bars = Progress(enabled=rt.progress if progress is None else progress)
-    if spec.loop == "adapter":  # NSR trains LoRA inside the encoder on raw batches: its own loop
+    if spec.family == "nsr":  # NSR trains LoRA inside the encoder on raw batches: its own loop
         from pipeline.adapter_runner import run_adapter
 
         return run_adapter(config, info, source, run_dir, resumed, bars, started, actors)

@@ -183,7 +183,7 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
     config = stress_config(tasks, task_free, overrides)
     preflight.check_run(config)  # a bad config fails in a second, before Ray starts
     runner.ensure_ray(config)
-    from memcl_ops.sources import DriftStream
+    from memcl_ops.data.sources import DriftStream
 
     drift = DriftStream(config.data.drift, task_free)
     info = drift.describe()

@@ -27,9 +27,9 @@ import pyarrow as pa
 import ray
 import torch
 
-from memcl_ops import schema as S
-from memcl_ops.datasets import Dataset, load_fashion_mnist
-from memcl_ops.encoders import Encoder, EncoderSpec, build_encoder
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.datasets import Dataset, load_fashion_mnist
+from memcl_ops.models.encoders import Encoder, EncoderSpec, build_encoder
 from pipeline import runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RuntimeConfig, load_config

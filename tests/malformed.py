@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from memcl_ops import schema as S
+from memcl_ops.arrow import schema as S
 
 DIM = 4
 LABELS = (0, 1, 2, 3)

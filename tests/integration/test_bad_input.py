@@ -9,7 +9,7 @@ import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memcl_ops import schema as S
+from memcl_ops.arrow import schema as S
 from pipeline import runner
 from pipeline.config import load_config
 from tests.malformed import DIM, LABELS, feature_batches

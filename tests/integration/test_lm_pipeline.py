@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memcl_ops.causal_lm import LMSpec
-from memcl_ops.lm_methods import LMMethodConfig
-from memcl_ops.lm_tasks import LMStreamSpec
-from memcl_ops.miita import AdaptConfig
+from memcl_ops.data.lm_tasks import LMStreamSpec
+from memcl_ops.methods import LMMethodConfig
+from memcl_ops.miita.directions import AdaptConfig
+from memcl_ops.models.causal_lm import LMSpec
 from pipeline.lm_runner import LMRunConfig, LMRuntimeConfig, run, run_specs
 
 pytestmark = pytest.mark.ray

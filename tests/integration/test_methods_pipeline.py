@@ -7,7 +7,7 @@ import csv
 import numpy as np
 import pytest
 
-from memcl_ops.methods import METHODS, head_learner_methods
+from memcl_ops.methods import METHODS, family_methods
 from pipeline import bench, checkpoint, runner
 from pipeline.config import load_config
 
@@ -26,7 +26,7 @@ def tiny(tmp_path, method: str):
         "runtime.out": str(tmp_path), "runtime.progress": False, "runtime.actor_threads": 1})
 
 
-@pytest.mark.parametrize("name", head_learner_methods())
+@pytest.mark.parametrize("name", family_methods("features"))
 def test_method_runs_through_the_actor_pipeline(actors, tmp_path, name):
     metrics = runner.run(tiny(tmp_path, name), actors=actors)
     acc = np.array(metrics["acc_matrix"], dtype=float)

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from memcl_ops import schema as S
+from memcl_ops.arrow import schema as S
 from pipeline import cli, runner
 from pipeline.config import load_config
 

@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 
 import pipeline
-from memcl_ops import schema as S
-from memcl_ops.datasets import DatasetUnavailable, load_dataset
-from memcl_ops.encoders import build_encoder
-from memcl_ops.feature_cache import FeatureCache
-from memcl_ops.streams import make_plan
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.datasets import DatasetUnavailable, load_dataset
+from memcl_ops.data.feature_cache import FeatureCache
+from memcl_ops.data.streams import make_plan
+from memcl_ops.models.encoders import build_encoder
 from pipeline import runner
 from pipeline.config import load_config
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.causal_lm import LMSpec, load_lm
-from memcl_ops.lm_tasks import LMStreamSpec, build_stream
-from memcl_ops.miita import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
+from memcl_ops.data.lm_tasks import LMStreamSpec, build_stream
+from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
+from memcl_ops.models.causal_lm import LMSpec, load_lm
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
-"""The analytic head (memcl_ops/analytic.py): after any sequence of tasks in any order it is the joint ridge solution
-on everything seen; partial heads merge bit for bit into the head on the union; class growth leaves old columns
+"""The analytic head (memcl_ops/analytic/ridge.py): after any sequence of tasks in any order it is the joint ridge
+solution on everything seen; partial heads merge bit for bit into the head on the union; class growth leaves old columns
 alone; the fixed-point sums are exact (checked against Python integers) and refuse what they cannot hold."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.analytic import AnalyticConfig, AnalyticHead, AnalyticLearner, FeatureMap, RidgeStatistics
-from memcl_ops.router import RouterConfig, SlotRouter, layer_norm
+from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticHead, AnalyticLearner, FeatureMap, RidgeStatistics
+from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.tensors import layer_norm
 
 DIM, CLASSES = 12, 8
 PLAIN = AnalyticConfig(expansion_dim=0)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.baselines import (
+from memcl_ops.baselines.heads import (
     DERppConfig,
     DERppHead,
     EWCConfig,
@@ -16,9 +16,9 @@ from memcl_ops.baselines import (
     ReservoirBuffer,
     linear_head_fisher,
 )
-from memcl_ops.dcda import Stage2Config
-from memcl_ops.head import GrowingLinearHead
-from memcl_ops.methods import DistillHead
+from memcl_ops.mars.dcda import Stage2Config
+from memcl_ops.mars.head import DistillHead
+from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.training import OptimConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -3,7 +3,7 @@
 
 import pytest
 
-from memcl_ops.methods import METHODS, head_learner_methods
+from memcl_ops.methods import METHODS, family_methods
 from pipeline import bench
 from pipeline.config import load_config
 from pipeline.suites import SUITES, suite
@@ -25,7 +25,7 @@ def test_goal_lines_compare_mars_with_the_best_paper_baseline_and_the_best_memcl
 def test_default_methods_are_the_head_learners_and_unknown_ones_are_refused():
     chosen = suite("fmnist-5x2")
     config = load_config(overrides=chosen.overrides)
-    assert bench.suite_methods(chosen, config) == head_learner_methods()
+    assert bench.suite_methods(chosen, config) == family_methods("features")
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         bench.suite_methods(chosen, config, ["mars", "nope"])
     with pytest.raises(ValueError, match="unknown bench suite 'cifar'"):

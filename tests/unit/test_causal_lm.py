@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.causal_lm import TINY_ARCHS, CausalLM, LMSpec, load_lm
-from memcl_ops.miita import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
+from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
+from memcl_ops.models.causal_lm import TINY_ARCHS, CausalLM, LMSpec, load_lm
 
 PROMPTS = ["the cat sat on", "2 + 2 =", "a much longer prompt than the others, with commas", "x"]
 ANSWERS = [" mat", " 4", " yes it is", " zz"]

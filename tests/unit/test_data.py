@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from memcl_ops import datasets as D
-from memcl_ops.feature_cache import FeatureCache
-from memcl_ops.streams import StreamSpec, make_plan, task_classes
+from memcl_ops.data import datasets as D
+from memcl_ops.data.feature_cache import FeatureCache
+from memcl_ops.data.streams import StreamSpec, make_plan, task_classes
 
 
 @pytest.mark.parametrize("name, payload, classes, shape", [

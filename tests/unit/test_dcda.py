@@ -1,10 +1,11 @@
 import numpy as np
 import torch
 
-from memcl_ops.dcda import Stage1Config, Stage2Config, Teacher, train_stage1, train_stage2
-from memcl_ops.head import GrowingLinearHead
 from memcl_ops.losses import smoothness_loss, supcon_loss
-from memcl_ops.router import RouterConfig, SlotRouter, layer_norm
+from memcl_ops.mars.dcda import Stage1Config, Stage2Config, Teacher, train_stage1, train_stage2
+from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.models.head import GrowingLinearHead
+from memcl_ops.tensors import layer_norm
 from memcl_ops.training import OptimConfig
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops import schema as S
-from memcl_ops.datasets import load_fashion_mnist
-from memcl_ops.encoders import EncoderSpec, EncoderUnavailable, build_encoder, encode_checked
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.datasets import load_fashion_mnist
+from memcl_ops.models.encoders import EncoderSpec, EncoderUnavailable, build_encoder, encode_checked
 
 
 @pytest.fixture(scope="module")

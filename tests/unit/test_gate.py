@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memcl_ops import schema as S
-from memcl_ops.gate import DEAD_LETTER_SCHEMA, gate
+from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.gate import DEAD_LETTER_SCHEMA, gate
 from tests.malformed import DIM, LABELS, feature_batches
 
 CONTRACT = S.Contract(feature_dim=DIM, known_labels=frozenset(LABELS), max_rows=12, require_labels=True)

@@ -4,8 +4,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from memcl_ops import schema as S
-from memcl_ops.lm_tasks import BUILDERS, LMStreamSpec, build_stream, exact_match, normalise, read_fortunes, to_base5
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.lm_tasks import (
+    BUILDERS,
+    LMStreamSpec,
+    build_stream,
+    exact_match,
+    normalise,
+    read_fortunes,
+    to_base5,
+)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.lora import TARGET_PRESETS, LoRAAdapters, LoRAConfig, adaptable_sites, backbone_parameters
+from memcl_ops.models.lora import TARGET_PRESETS, LoRAAdapters, LoRAConfig, adaptable_sites, backbone_parameters
 
 
 def tiny_vit():

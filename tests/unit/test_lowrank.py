@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.lowrank import CompressionConfig, compress, energy_rank, factored_svd, mix_and_refactor
+from memcl_ops.models.lowrank import CompressionConfig, compress, energy_rank, factored_svd, mix_and_refactor
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices (tests/conftest.py)
 

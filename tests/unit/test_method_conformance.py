@@ -1,7 +1,7 @@
 """One conformance suite every registered method passes (river-style check_estimator), in-process over memcl_ops
 objects: all four roles of the method (memory, SGSE, stage 1, head learner) driven the way the runner drives them.
 
-Parametrized over every registered method with a head learner (`head_learner_methods()`), so a method registered
+Parametrized over every registered method with a head learner (`family_methods("features")`), so a method registered
 later is covered without touching this file. (Methods that train inside the encoder, NSR's adapter loop, have no
 `HeadLearner` to drive here.)
 """
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.datasets import SyntheticSpec, make_synthetic
-from memcl_ops.dcda import train_stage1
-from memcl_ops.methods import MethodConfig, build_head, build_memory, head_learner_methods, method_spec
-from memcl_ops.router import RouterConfig
-from memcl_ops.sgse import NoveltyMonitor
-from memcl_ops.streams import StreamSpec, make_plan
+from memcl_ops.data.datasets import SyntheticSpec, make_synthetic
+from memcl_ops.data.streams import StreamSpec, make_plan
+from memcl_ops.mars.dcda import train_stage1
+from memcl_ops.mars.router import RouterConfig
+from memcl_ops.mars.sgse import NoveltyMonitor
+from memcl_ops.methods import MethodConfig, build_head, build_memory, family_methods, method_spec
 from memcl_ops.training import OptimConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -142,7 +142,7 @@ def continue_and_compare(method: LocalMethod, record: Record, first: int) -> Non
     assert_same_state(through_npz(method.state()), record.states[-1])
 
 
-ALL = pytest.mark.parametrize("name", head_learner_methods())
+ALL = pytest.mark.parametrize("name", family_methods("features"))
 
 
 @ALL

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.miita import (
+from memcl_ops.miita.directions import (
     Adaptation,
     AdaptConfig,
     DirectionMemory,
@@ -15,7 +15,7 @@ from memcl_ops.miita import (
     prototype_bytes,
     uncertainty_direction,
 )
-from memcl_ops.router import normalize
+from memcl_ops.tensors import normalize
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops import schema as S
-from memcl_ops.datasets import load_dataset
-from memcl_ops.encoders import EncoderSpec, build_encoder
-from memcl_ops.lora import backbone_parameters
-from memcl_ops.nsr import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, plan_arrival
-from memcl_ops.task_bank import TaskKnowledgeBank
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.datasets import load_dataset
+from memcl_ops.models.encoders import EncoderSpec, build_encoder
+from memcl_ops.models.lora import backbone_parameters
+from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, plan_arrival
+from memcl_ops.nsr.task_bank import TaskKnowledgeBank
 
 CONFIG = NSRConfig(lr=5e-3, batch_size=8, probe_size=16)
 TASKS = {0: [0, 1], 1: [2, 3]}  # BBC topics: business vs entertainment, politics vs sport

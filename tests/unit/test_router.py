@@ -3,7 +3,8 @@ import itertools
 import numpy as np
 import torch
 
-from memcl_ops.router import RouterConfig, SlotRouter, layer_norm, normalize
+from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.tensors import layer_norm, normalize
 
 
 def _router(d=16, slots=8, seed=0):

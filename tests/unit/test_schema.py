@@ -3,7 +3,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from memcl_ops import schema as S
+from memcl_ops.arrow import schema as S
 
 
 def _batch(n=6, d=4, labels=None, seed=0):

@@ -3,7 +3,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from memcl_ops.sgse import NoveltyMonitor, SGSEConfig, wilson_bounds
+from memcl_ops.mars.sgse import NoveltyMonitor, SGSEConfig, wilson_bounds
 
 # The paper's confidence-quantile signal; the reference signal is tested in test_sgse_reference.py.
 PAPER = SGSEConfig(signal="paper")

@@ -1,4 +1,4 @@
-"""SGSE's reference signal (memcl_ops/sgse.py, docs/methods.md "SGSE"): level-α block tests on exchangeable
+"""SGSE's reference signal (memcl_ops/mars/sgse.py, docs/methods.md "SGSE"): level-α block tests on exchangeable
 streams, decisions that read no trained parameter, detection of new regimes, exact state round-trips."""
 
 import io
@@ -7,13 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from memcl_ops.sgse import (
-    NoveltyMonitor,
-    SGSEConfig,
-    beta_binomial_cdf,
-    conformal_rank,
-    max_expanding_successes,
-)
+from memcl_ops.mars.sgse import NoveltyMonitor, SGSEConfig, beta_binomial_cdf, conformal_rank, max_expanding_successes
 
 CONFIG = SGSEConfig(signal="reference")
 MAX_K = max_expanding_successes(CONFIG.block_size, CONFIG.z, CONFIG.tau_exp)

@@ -4,8 +4,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from memcl_ops import schema as S
-from memcl_ops.sources import ArrowDirStream, DriftSpec, DriftStream
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.sources import ArrowDirStream, DriftSpec, DriftStream
 
 
 def test_drift_schedule_recurs_and_counts_novel_events():

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.lowrank import CompressionConfig, compress
-from memcl_ops.task_bank import BankConfig, BankEntry, TaskKnowledgeBank, normalize
+from memcl_ops.models.lowrank import CompressionConfig, compress
+from memcl_ops.nsr.task_bank import BankConfig, BankEntry, TaskKnowledgeBank, normalize
 
 DIM = 16
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices (tests/conftest.py)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.text_replay import ReplayConfig, TextReplayBuffer, text_bytes
+from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, text_bytes
 
 
 def examples(seed: int, tasks: int = 3, per_task: int = 40):

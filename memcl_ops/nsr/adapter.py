@@ -1,5 +1,5 @@
 """NSR (Neural Subspace Reallocation; docs/methods.md, "NSR"): one active LoRA adapter inside a frozen encoder,
-reallocated at each task arrival from a bank of compressed past adapters (memcl_ops/task_bank.py).
+reallocated at each task arrival from a bank of compressed past adapters (memcl_ops/nsr/task_bank.py).
 
 The *active capacity* is one rank-r adapter plus one head with `n_way` outputs over task-local labels (label =
 position of the class in its task's class list; tasks are evaluated task-incrementally). At a task
@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memcl_ops import schema as S
-from memcl_ops.lora import LoRAAdapters, LoRAConfig
+from memcl_ops.arrow import schema as S
 from memcl_ops.losses import kd_loss
-from memcl_ops.lowrank import CompressedDelta, compress
-from memcl_ops.task_bank import BankConfig, BankEntry, Retrieval, TaskKnowledgeBank, normalize
+from memcl_ops.models.lora import LoRAAdapters, LoRAConfig
+from memcl_ops.models.lowrank import CompressedDelta, compress
+from memcl_ops.nsr.task_bank import BankConfig, BankEntry, Retrieval, TaskKnowledgeBank, normalize
 
 Allocation = Literal["bank", "fresh", "keep"]
 
@@ -62,7 +62,7 @@ class NSRConfig:
 
 
 class TrainableEncoder(Protocol):
-    """A frozen encoder whose torch model can carry LoRA (memcl_ops.encoders text and torch image encoders)."""
+    """A frozen encoder whose torch model can carry LoRA (memcl_ops.models.encoders text and torch image encoders)."""
 
     model: nn.Module
     dim: int

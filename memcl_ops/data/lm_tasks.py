@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memcl_ops.datasets import DatasetUnavailable, load_bbc_news, stratified_split
+from memcl_ops.data.datasets import DatasetUnavailable, load_bbc_news, stratified_split
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 FORTUNE_TOPICS = ("computers", "food", "law", "love", "medicine")

@@ -381,3 +381,14 @@ def split(batch: pa.RecordBatch, refusals: list[Refusal]) -> tuple[pa.RecordBatc
 def partition(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch | None, list[Refusal]]:
     """Split `batch` into the rows that satisfy the contract and the refusals (each row refused once)."""
     return split(batch, check(batch, contract))
+
+
+PREDICTION = "prediction"
+ANSWER_NLL = "answer_nll"
+
+
+def with_predictions(pairs: pa.RecordBatch, texts: list[str], answer_nll: torch.Tensor) -> pa.RecordBatch:
+    """The text-pair batch with each row's generated text and the teacher-forced NLL of its answer appended."""
+    out = pairs.append_column(pa.field(PREDICTION, pa.string(), nullable=False), pa.array(texts, pa.string()))
+    return out.append_column(pa.field(ANSWER_NLL, pa.float32(), nullable=False),
+                             pa.array(answer_nll.numpy().astype("float32")))

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from memcl_ops.lowrank import CompressedDelta, CompressionConfig, mix_and_refactor
+from memcl_ops.models.lowrank import CompressedDelta, CompressionConfig, mix_and_refactor
 
 
 @dataclass(frozen=True)

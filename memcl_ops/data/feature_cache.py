@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memcl_ops.schema import column_matrix, matrix_to_arrow
+from memcl_ops.arrow.schema import column_matrix, matrix_to_arrow
 
 
 class FeatureCache:

@@ -14,7 +14,7 @@ import io
 import numpy as np
 import pyarrow as pa
 
-from memcl_ops import schema as S
+from memcl_ops.arrow import schema as S
 
 DEAD_LETTER_SCHEMA = pa.schema([
     pa.field(S.SAMPLE_ID, pa.int64(), nullable=True),

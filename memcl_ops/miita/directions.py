@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.router import normalize
+from memcl_ops.arrow import schema as S
+from memcl_ops.tensors import normalize
 
 STORAGE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 COUNT_BYTES = 4  # b_n: n_j is an int32
@@ -349,3 +351,15 @@ class StepUpdate:
         self.last_gate = g
         scale = self.a.config.step * g * hidden.float().norm(dim=-1)
         return hidden + (scale.unsqueeze(-1) * delta).to(hidden.dtype)
+
+
+def write_directions(memory: DirectionMemory, extracted: pa.RecordBatch) -> dict[str, int]:
+    """WRITE every row of a key/direction batch, in stream order; returns what the writes did."""
+    keys = torch.from_numpy(S.column_matrix(extracted, S.KEY).copy())
+    corrections = torch.from_numpy(S.column_matrix(extracted, S.DIRECTION).copy())
+    outcome = {"new": 0, "merged": 0, "skipped": 0, "repairs": 0}
+    for k, r in zip(keys, corrections):
+        result = memory.write(k, r)
+        outcome[result.action] += 1
+        outcome["repairs"] += result.repairs
+    return outcome

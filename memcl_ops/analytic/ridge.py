@@ -45,7 +45,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from memcl_ops.router import SlotRouter, layer_norm
+from memcl_ops.mars.router import SlotRouter
+from memcl_ops.tensors import layer_norm
 
 EXACT = 2.0**53  # float64 integers below this are exact, and so is every sum that stays below it
 INT64_HEADROOM = 2.0**62  # int64 sums are refused before any entry could reach this

@@ -28,8 +28,8 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from memcl_ops import schema as S
-from memcl_ops.feature_cache import ContentCache
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.feature_cache import ContentCache
 
 
 class EncoderUnavailable(RuntimeError):

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.head import GrowingLinearHead
 from memcl_ops.losses import old_class_kd, old_class_kd_full, smoothness_loss, supcon_loss
-from memcl_ops.router import SlotRouter, layer_norm
+from memcl_ops.mars.router import SlotRouter
+from memcl_ops.models.head import GrowingLinearHead
+from memcl_ops.tensors import layer_norm
 from memcl_ops.training import OptimConfig, optimize
 
 

@@ -19,9 +19,11 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import torch
 
-from memcl_ops.router import normalize
+from memcl_ops.arrow import schema as S
+from memcl_ops.tensors import normalize
 
 
 @dataclass(frozen=True)
@@ -106,3 +108,14 @@ class TextReplayBuffer:
         self.keys = torch.from_numpy(np.array(state["keys"], dtype=np.float32)).reshape(-1, self.key_dim)
         self.rng.bit_generator.state = json.loads(str(state["rng"]))
         self.seen, self.evicted, self.too_large = (int(x) for x in state["counters"])
+
+
+def add_examples(buffer: TextReplayBuffer, pairs: pa.RecordBatch, extracted: pa.RecordBatch) -> None:
+    """Offer every pair of a batch to the replay buffer, with the key the LM extracted for it."""
+    if not (S.sample_ids_to_numpy(pairs) == S.sample_ids_to_numpy(extracted)).all():
+        raise S.BatchError("the key batch does not match the text-pair batch row for row", column=S.SAMPLE_ID,
+                           sample_ids=S.sample_ids_to_numpy(pairs).tolist(), reason="mismatch")
+    prompts, answers = S.text_pairs(pairs)
+    keys = torch.from_numpy(S.column_matrix(extracted, S.KEY).copy())
+    for prompt, answer, task, key in zip(prompts, answers, S.task_ids_to_numpy(pairs), keys):
+        buffer.add(prompt, answer, int(task), key)

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memcl_ops import schema as S
-from memcl_ops.datasets import (
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.datasets import (
     DATASETS,
     Dataset,
     DatasetUnavailable,
@@ -34,7 +34,7 @@ from memcl_ops.datasets import (
     make_synthetic,
     missing_parts,
 )
-from memcl_ops.streams import StreamPlan, StreamSpec, make_plan, task_classes
+from memcl_ops.data.streams import StreamPlan, StreamSpec, make_plan, task_classes
 
 
 @dataclass
@@ -396,7 +396,8 @@ class DriftStream:
 class SourceSpec:
     """Which stream a run reads."""
 
-    dataset: str = "fashion-mnist"  # a memcl_ops.datasets name, image-folder:<path>, synthetic, drift, arrow:<folder>
+    # a memcl_ops.data.datasets name, image-folder:<path>, synthetic, drift, arrow:<folder>
+    dataset: str = "fashion-mnist"
     synthetic: SyntheticSpec = SyntheticSpec()  # dataset == "synthetic"
     drift: DriftSpec = DriftSpec()  # dataset == "drift"
     payload: Literal["image", "text", "features"] = "features"  # arrow:<folder>: what the batches carry

@@ -23,9 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.dcda import Stage2Config, apply_memory, train_stage2
-from memcl_ops.head import GrowingLinearHead
-from memcl_ops.router import SlotRouter, normalize
+from memcl_ops.mars.dcda import Stage2Config, apply_memory, train_stage2
+from memcl_ops.mars.router import SlotRouter
+from memcl_ops.models.head import GrowingLinearHead
+from memcl_ops.tensors import normalize
 
 
 def _prefixed(prefix: str, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

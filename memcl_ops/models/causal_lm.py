@@ -32,7 +32,7 @@ from typing import Literal, Protocol
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.router import normalize
+from memcl_ops.tensors import normalize
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,0 +1,65 @@
+"""The learner interfaces every method implements.
+
+`StreamLearner` is what a stream asks of a method, in-process (no Ray): the runner's actors host its parts
+(pipeline/runner.py), `memcl_ops/conformance.py` drives it directly. `HeadLearner` is the classifier role inside
+the "features" family (DCDA stage 2, the baselines' heads, the analytic heads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from memcl_ops.mars.router import SlotRouter
+
+
+@dataclass(frozen=True)
+class Round:
+    """What a learner is told when a round starts: a visit of a task, or (task-free) K batches and nothing else."""
+
+    index: int
+    task: int | None  # None in a task-free run
+    classes: tuple[int, ...] | None  # the visit's classes when the stream gives boundaries
+
+
+class StreamLearner(Protocol):
+    """One method over one stream: `begin_round`, then `observe` every training batch of the round (Arrow
+    batches of the contract in docs/architecture.md), then `consolidate`; `predict` any time after. `state` /
+    `restore` are exact: a restored learner continues bit for bit like the original."""
+
+    tags: frozenset[str]  # the method's capability tags (memcl_ops/methods.py, TAGS)
+
+    def begin_round(self, round: Round) -> None: ...
+
+    def observe(self, batch: pa.RecordBatch) -> None: ...
+
+    def consolidate(self) -> dict[str, object]: ...
+
+    def predict(self, batch: pa.RecordBatch) -> np.ndarray | list[str]: ...
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
+    def restore(self, state: dict[str, np.ndarray]) -> None: ...
+
+    def memory_bytes(self) -> dict[str, int]: ...
+
+
+class HeadLearner(Protocol):
+    """The classifier role of a "features" method; features arrive raw and are passed through `memory` (may be
+    None)."""
+
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]: ...
+
+    def end_task(self, memory: SlotRouter | None) -> None: ...
+
+    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray: ...
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
+    def restore(self, state: dict[str, np.ndarray]) -> None: ...
+
+    def memory_bytes(self) -> dict[str, int]: ...

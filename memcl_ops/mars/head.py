@@ -1,0 +1,61 @@
+"""DCDA stage 2's head: a growing linear classifier trained with CE + old-class distillation (LwF and
+sequential fine-tuning are its special cases)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from memcl_ops.mars.dcda import Stage2Config, Teacher, apply_memory, train_stage2
+from memcl_ops.mars.router import SlotRouter
+from memcl_ops.models.head import GrowingLinearHead
+from memcl_ops.tensors import state_nbytes
+
+
+class DistillHead:
+    """A growing linear head trained with CE + old-class distillation (DCDA stage 2, LwF, fine-tune).
+
+    With λ_LwF = λ_anchor = 0 it is plain sequential fine-tuning and keeps no teacher.
+    """
+
+    def __init__(self, feature_dim: int, config: Stage2Config, seed: int):
+        self.config, self.seed = config, seed
+        self.head = GrowingLinearHead(feature_dim)
+        self.teacher: Teacher | None = None
+        self.fits = 0
+
+    @property
+    def distills(self) -> bool:
+        return bool(self.config.lambda_lwf or self.config.lambda_anchor)
+
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+        self.head.grow(labels)
+        history = train_stage2(self.head, memory, features, labels, self.teacher, self.config,
+                               seed=self.seed * 100_003 + self.fits)
+        self.fits += 1
+        return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
+
+    def end_task(self, memory: SlotRouter | None) -> None:
+        if self.distills:
+            self.teacher = Teacher.snapshot(memory, self.head)
+
+    @torch.no_grad()
+    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
+        return self.head.predict(apply_memory(memory, features))
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"head.{k}": v for k, v in self.head.state().items()}
+        if self.teacher is not None:
+            out.update({f"teacher.{k}": v for k, v in self.teacher.state().items()})
+        out["fits"] = np.array(self.fits)
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.head.load_state({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+        teacher = {k[8:]: v for k, v in state.items() if k.startswith("teacher.")}
+        self.teacher = Teacher.from_state(teacher) if teacher else None
+        self.fits = int(state["fits"])
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {"head": self.head.nbytes(),
+                "teacher": state_nbytes(self.teacher.state()) if self.teacher is not None else 0}
