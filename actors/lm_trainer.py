@@ -31,7 +31,7 @@ class LMTrainer:
         self.adapters = LoRAAdapters(self.lm.model, config.lora)
         self.config, self.seed = config, seed
         self.rounds = 0
-        self.losses: list[list[float]] = []
+        self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
         self.clock = StageClock()
 
     def train(self, *batches: pa.RecordBatch) -> list[float]:
@@ -49,7 +49,7 @@ class LMTrainer:
             finally:
                 self.lm.model.eval()
             self.rounds += 1
-            self.losses.append(history)
+            self.learned += [S.sample_ids_to_numpy(b) for b in batches]
             return history
 
     def generate(self, pairs: pa.RecordBatch, max_new_tokens: int) -> pa.RecordBatch:
@@ -62,12 +62,17 @@ class LMTrainer:
         """The adapter is trained state, not memory of past data; reported for completeness."""
         return {"adapter": int(sum(v.nbytes for v in self.adapters.factors().values()))}
 
+    def learned_ids(self) -> np.ndarray:
+        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+
     def state(self) -> dict[str, np.ndarray]:
-        return {**{f"lora.{k}": v for k, v in self.adapters.factors().items()}, "rounds": np.array(self.rounds)}
+        return {**{f"lora.{k}": v for k, v in self.adapters.factors().items()}, "rounds": np.array(self.rounds),
+                "learned": self.learned_ids()}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.adapters.load_factors({k[5:]: v for k, v in state.items() if k.startswith("lora.")})
         self.rounds = int(state["rounds"])
+        self.learned = [np.asarray(state["learned"])]
 
     def timings(self) -> dict:
         return self.clock.report()

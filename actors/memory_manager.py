@@ -1,9 +1,18 @@
-"""MemoryManager actor: owns all persistent memory (MARS slots with their anchors here; MIITA prototypes and
-the NSR LoRA bank sit beside them in the same byte report) and routes features through the slots."""
+"""MemoryManager actor: owns all persistent memory of a run, one store per kind, each its own object from
+memcl_ops (only the stores the method uses exist):
+
+* `slots`: MARS's slot memory (memcl_ops/mars/slots.py), routing every feature batch;
+* `statistics`: an analytic head's sums, merged from the encoder replicas (memcl_ops/analytic/ridge.py);
+* `bank`: NSR's compressed LoRA bank (memcl_ops/nsr/task_bank.py);
+* `prototypes`: MIITA's direction memory (memcl_ops/miita/directions.py);
+* `replay`: the text-replay baseline's stored examples (memcl_ops/baselines/text_replay.py).
+
+`memory_report` is the one byte report of all of them.
+"""
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -14,32 +23,38 @@ from actors.clock import StageClock
 from memcl_ops.analytic.ridge import RidgeStatistics
 from memcl_ops.arrow import schema as S
 from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, add_examples
-from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.mars.router import RouterConfig
 from memcl_ops.mars.sgse import Expansion
+from memcl_ops.mars.slots import SlotMemory
 from memcl_ops.miita.directions import DirectionMemory, MemoryConfig, write_directions
 from memcl_ops.nsr.adapter import ArrivalPlan, Snapshot, plan_arrival
 from memcl_ops.nsr.task_bank import BankConfig, BankEntry, TaskKnowledgeBank
 
 
+@dataclass(frozen=True)
+class Stores:
+    """Which stores a run's memory manager holds, and their settings."""
+
+    slots: RouterConfig | None = None
+    max_slots: int = 0  # the slot cap (SGSE's max_slots)
+    bank: BankConfig | None = None
+    prototypes: MemoryConfig | None = None  # with key_dim = hidden size of the LM
+    replay: ReplayConfig | None = None
+
+
 @ray.remote
 class MemoryManager:
-    def __init__(self, feature_dim: int, router: RouterConfig, max_slots: int, seed: int, threads: int,
-                 bank: BankConfig | None = None):
-        self.reset(feature_dim, router, max_slots, seed, threads, bank)
+    def __init__(self, dim: int, stores: Stores, seed: int, threads: int):
+        self.reset(dim, stores, seed, threads)
 
-    def reset(self, feature_dim: int, router: RouterConfig, max_slots: int, seed: int, threads: int,
-              bank: BankConfig | None = None) -> None:
+    def reset(self, dim: int, stores: Stores, seed: int, threads: int) -> None:
         torch.set_num_threads(threads)
-        self.router = SlotRouter(feature_dim, router, seed=seed)
-        self.bank = TaskKnowledgeBank(bank or BankConfig())  # NSR's LoRA bank (empty for other methods)
-        self.statistics: RidgeStatistics | None = None  # an analytic head's sums, merged from the encoder replicas
-        self.prototypes: DirectionMemory | None = None  # MIITA's direction memory (LM runs)
-        self.replay: TextReplayBuffer | None = None  # the text-replay baseline's stored examples (LM runs)
-        self.max_slots = max_slots
-        self.routed = 0  # samples routed so far (the x axis of the slot history)
-        self.slot_history: list[tuple[int, int]] = [(0, self.router.num_slots)]
-        self.expansions: list[dict] = []
-        self.refused_expansions = 0
+        self.slots = SlotMemory(dim, stores.slots, stores.max_slots, seed) if stores.slots is not None else None
+        self.statistics: RidgeStatistics | None = None  # created from the first merged partial
+        self.bank = TaskKnowledgeBank(stores.bank) if stores.bank is not None else None
+        self.prototypes = DirectionMemory(dim, dim, stores.prototypes) if stores.prototypes is not None else None
+        self.replay = TextReplayBuffer(dim, stores.replay) if stores.replay is not None else None
+        self.learned: list[np.ndarray] = []  # sample ids written into the LM stores, for exactly-once accounting
         self.clock = StageClock()
 
     def route(self, batch: pa.RecordBatch | None, expansions: list[Expansion] | None = None) -> pa.RecordBatch | None:
@@ -50,37 +65,35 @@ class MemoryManager:
             self.expand(expansions)
         if batch is None:
             return None
-        with self.clock.time("route"), torch.no_grad():
-            h = S.features_to_torch(batch)
-            q, probs = self.router.route(h)
-            self.router.update_anchor_stats(h, probs)
-            self.routed += batch.num_rows
+        with self.clock.time("route"):
+            q, probs = self.slots.route(S.features_to_torch(batch))
             return pa.RecordBatch.from_arrays(
                 [batch.column(S.SAMPLE_ID), pa.array(probs.max(dim=1).values.numpy()), S.matrix_to_arrow(q.numpy())],
                 names=[S.SAMPLE_ID, "confidence", "query"])
 
     def expand(self, expansions: list[Expansion]) -> int:
         with self.clock.time("expand"):
-            for e in expansions:
-                if self.router.num_slots >= self.max_slots:
-                    self.refused_expansions += 1
-                    continue
-                self.router.add_slot(e.key)
-                self.expansions.append({"at_sample": self.routed, "test_step": e.step,
-                                        "slots": self.router.num_slots,
-                                        "successes": e.successes, "trials": e.trials,
-                                        "lower_bound": float(e.lower_bound)})
-                self.slot_history.append((self.routed, self.router.num_slots))
-            return self.router.num_slots
+            return self.slots.expand(expansions)
 
     def memory_state(self) -> dict[str, np.ndarray]:
-        return self.router.state()
+        return self.slots.router.state()
 
     def load_memory(self, state: dict[str, np.ndarray]) -> None:
-        """Take trained memory parameters (stage 1); the slot count must not have changed meanwhile."""
-        if state["keys"].shape[0] != self.router.num_slots:
-            raise ValueError(f"trained memory has {state['keys'].shape[0]} slots, the manager {self.router.num_slots}")
-        self.router.load_state(state)
+        self.slots.load_trained(state)
+
+    def history(self) -> dict:
+        return self.slots.history()
+
+    def merge_statistics(self, *partials: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Add the encoder replicas' partial analytic statistics (exact integer sums: the order does not matter)
+        to the total; returns the total's state, from which the head learner solves."""
+        with self.clock.time("statistics"):
+            for part in partials:
+                if self.statistics is None:
+                    self.statistics = RidgeStatistics.from_state(part)
+                else:
+                    self.statistics.merge(RidgeStatistics.from_state(part))
+            return self.statistics.state()
 
     def arrive(self, key: np.ndarray, rank: int) -> ArrivalPlan:
         """NSR task arrival: the bank's retrieval (restore / warm-start mix of rank `rank` / fresh)."""
@@ -98,23 +111,19 @@ class MemoryManager:
     def bank_summary(self) -> dict:
         return {"entries": self.bank.summary(), "evicted": self.bank.evicted, "arrivals": self.bank.clock}
 
-    def use_prototypes(self, hidden: int, key_dim: int, config: MemoryConfig) -> None:
-        self.prototypes = DirectionMemory(hidden, key_dim, config)
-
     def write_prototypes(self, extracted: pa.RecordBatch) -> dict[str, int]:
         """MIITA WRITE (with repair) of every (key, direction) row, in stream order."""
         with self.clock.time("prototypes"):
+            self.learned.append(S.sample_ids_to_numpy(extracted))
             return write_directions(self.prototypes, extracted)
 
     def prototype_state(self) -> dict[str, np.ndarray]:
         return self.prototypes.state()
 
-    def use_replay(self, key_dim: int, config: ReplayConfig) -> None:
-        self.replay = TextReplayBuffer(key_dim, config)
-
     def write_replay(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch) -> int:
         with self.clock.time("replay"):
             add_examples(self.replay, pairs, extracted)
+            self.learned.append(S.sample_ids_to_numpy(pairs))
             return len(self.replay)
 
     def demonstrations(self, query_keys: np.ndarray) -> list[list[tuple[str, str]]]:
@@ -122,54 +131,36 @@ class MemoryManager:
         with self.clock.time("replay"):
             return self.replay.nearest(torch.from_numpy(np.array(query_keys)))
 
-    def merge_statistics(self, *partials: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Add the encoder replicas' partial analytic statistics (exact integer sums: the order does not matter)
-        to the total; returns the total's state, from which the head learner solves."""
-        with self.clock.time("statistics"):
-            for part in partials:
-                if self.statistics is None:
-                    self.statistics = RidgeStatistics.from_state(part)
-                else:
-                    self.statistics.merge(RidgeStatistics.from_state(part))
-            return self.statistics.state()
+    def learned_ids(self) -> np.ndarray:
+        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+
+    def _stores(self) -> dict[str, object]:
+        stores = {"slots": self.slots, "statistics": self.statistics, "bank": self.bank,
+                  "prototypes": self.prototypes, "replay": self.replay}
+        return {name: store for name, store in stores.items() if store is not None}
 
     def memory_report(self) -> dict[str, int]:
-        # A router without slots (NSR runs keep the bank only) holds no memory worth reporting.
-        slots = self.router.nbytes() if self.router.num_slots else 0
-        return {"slots": slots, "num_slots": self.router.num_slots,
-                "prototypes": self.prototypes.nbytes() if self.prototypes is not None else 0,
-                "replay_text": self.replay.nbytes() if self.replay is not None else 0, "bank": self.bank.nbytes(),
-                "analytic_statistics": self.statistics.nbytes() if self.statistics is not None else 0}
-
-    def history(self) -> dict:
-        return {"slot_history": [list(p) for p in self.slot_history], "expansions": self.expansions,
-                "refused_expansions": self.refused_expansions}
+        names = {"statistics": "analytic_statistics", "replay": "replay_text"}
+        report = {names.get(name, name): store.nbytes() for name, store in self._stores().items()}
+        if self.slots is not None:
+            report["num_slots"] = self.slots.num_slots
+        return report
 
     def state(self) -> dict[str, np.ndarray]:
-        out = {f"router.{k}": v for k, v in self.router.state().items()}
-        out["slot_history"] = np.array(self.slot_history, dtype=np.int64).reshape(-1, 2)
-        out["expansions"] = np.array(json.dumps(self.expansions))
-        out["counters"] = np.array([self.routed, self.refused_expansions], dtype=np.int64)
-        out.update({f"bank.{k}": v for k, v in self.bank.state().items()})
-        for name, memory in (("prototypes", self.prototypes), ("replay", self.replay), ("statistics", self.statistics)):
-            if memory is not None:
-                out.update({f"{name}.{k}": v for k, v in memory.state().items()})
+        out = {f"{name}.{k}": v for name, store in self._stores().items() for k, v in store.state().items()}
+        out["learned"] = self.learned_ids()
         return out
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.router.load_state({k[7:]: v for k, v in state.items() if k.startswith("router.")})
-        self.slot_history = [tuple(int(x) for x in row) for row in state["slot_history"]]
-        self.expansions = json.loads(str(state["expansions"]))
-        self.routed, self.refused_expansions = (int(x) for x in state["counters"])
-        bank = {k[5:]: v for k, v in state.items() if k.startswith("bank.")}
-        if bank:  # checkpoints written before the bank existed have none
-            self.bank.restore(bank)
-        for name, memory in (("prototypes", self.prototypes), ("replay", self.replay)):
-            part = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(f"{name}.")}
-            if memory is not None and part:  # configured (use_*) before restoring, like the router
-                memory.restore(part)
-        statistics = {k[11:]: v for k, v in state.items() if k.startswith("statistics.")}
+        def part(name: str) -> dict[str, np.ndarray]:
+            return {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(f"{name}.")}
+
+        statistics = part("statistics")
         self.statistics = RidgeStatistics.from_state(statistics) if statistics else None
+        for name, store in self._stores().items():
+            if name != "statistics":
+                store.restore(part(name))
+        self.learned = [np.asarray(state["learned"])]
 
     def timings(self) -> dict:
         return self.clock.report()

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from pipeline import lm_runner
+from pipeline import lm
 from pipeline.actor_cache import ActorCache
 from pipeline.config import load_config
 
@@ -66,18 +66,18 @@ def main() -> None:
     overrides = {"budgets": args.budgets, "seed": args.seed, "runtime.out": args.out,
                  "runtime.evaluate": "new_and_final", **{k: yaml.safe_load(v) for k, _, v in
                                                           (s.partition("=") for s in args.set)}}
-    config = load_config(overrides=overrides, cls=lm_runner.LMRunConfig)
+    config = load_config(overrides=overrides, cls=lm.LMRunConfig)
     actors = ActorCache()
     try:
-        metrics = lm_runner.run(config, actors=actors)
+        metrics = lm.run(config, actors=actors)
         extra = {}
         for step in args.steps:
             adapt = replace(config.method.adapt, step=step)
             sweep = replace(config, methods=("miita",), method=replace(config.method, adapt=adapt))
-            extra[step] = lm_runner.run(sweep, actors=actors)
+            extra[step] = lm.run(sweep, actors=actors)
     finally:
         actors.close()
-    print(lm_runner.summary_table(metrics))
+    print(lm.summary_table(metrics))
     print()
     print(markdown(metrics, extra))
     print(f"\nrun folder: {metrics['run_dir']}" + "".join(f", {m['run_dir']}" for m in extra.values()))

@@ -59,20 +59,20 @@ def row(allocation: str, seed: int, m: dict, seconds: float) -> dict:
     returning = m["recovery"]["returning_visits"]
     bank = m["bank"]["entries"] if m["bank"] else []
     own, other = [], []  # key similarity of a returning visit to its own stored entry / to the other entries
-    for e in m["visit_log"]:
+    for e in m["round_log"]:
         sims = {int(k): v for k, v in ((e.get("retrieval") or {}).get("similarities") or {}).items()}
         if e["task"] in sims:
             own.append(sims[e["task"]])
             other += [v for k, v in sims.items() if k != e["task"]]
     return {
         "allocation": allocation, "seed": seed,
-        "arrivals": [e["arrival"] for e in m["visit_log"]],
+        "arrivals": [e["arrival"] for e in m["round_log"]],
         "steps": [r["steps"] for r in returning],
         "censored": [r["censored"] for r in returning],
         "start_accuracy": [r["start_accuracy"] for r in returning],
         "previous_best": [r["previous_best"] for r in returning],
-        "live_accuracy": [e["acc_live"] for e in m["visit_log"]],
-        "stored_accuracy": [e["acc_stored"] for e in m["visit_log"]],
+        "live_accuracy": [e["acc_live"] for e in m["round_log"]],
+        "stored_accuracy": [e["acc_stored"] for e in m["round_log"]],
         "final_accuracy": m["final_accuracy_all_tasks"],
         "acc_matrix": m["acc_matrix"],
         "bank_bytes": m["memory_bytes"]["bank"],

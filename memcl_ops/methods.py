@@ -202,7 +202,6 @@ def build_memory(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed:
 
 def lm_method(name: str) -> MethodSpec:
     """The registry entry of a method `memcl lm` runs."""
-    spec = method_spec(name)
-    if spec.family != "lm":
-        raise ValueError(f"{name!r} is not an LM method; known: {family_methods('lm')}")
-    return spec
+    if name not in family_methods("lm"):
+        raise ValueError(f"unknown LM method {name!r}; known: {family_methods('lm')}")
+    return METHODS[name]

@@ -29,6 +29,7 @@ from memcl_ops.methods import METHODS, family_methods, method_spec
 from pipeline import runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RunConfig, load_config
+from pipeline.features import encode_stream
 from pipeline.report import accuracy_axis
 from pipeline.suites import Suite, suite
 
@@ -98,7 +99,7 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
     actors = actors or ActorCache()
     rows: list[RunRow] = []
     try:
-        encoding = runner.encode_stream(config, actors)
+        encoding = encode_stream(config, actors)
         log(f"[{chosen.name}] stream encoded into the feature cache: {encoding:.0f} s, shared by every run "
             "(not in any method's time)")
         for method in names:

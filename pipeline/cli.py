@@ -56,11 +56,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_lm(args: argparse.Namespace) -> int:
-    from pipeline import lm_runner
+    from pipeline import lm
     from pipeline.config import load_config
 
-    metrics = lm_runner.run(load_config(args.config, _overrides(args), cls=lm_runner.LMRunConfig))
-    print(lm_runner.summary_table(metrics))
+    if args.resume:
+        metrics = lm.run(resume=Path(args.resume))
+    else:
+        metrics = lm.run(load_config(args.config, _overrides(args), cls=lm.LMRunConfig))
+    print(lm.summary_table(metrics))
     print(f"\nrun folder: {metrics['run_dir']}")
     return 0
 
@@ -90,10 +93,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     run_dir = preflight.run_folder(args.run_dir, "metrics.json")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     if "runs" in metrics:  # a `memcl lm` folder: several runs side by side
-        from pipeline import lm_runner
+        from pipeline import lm
 
-        lm_runner.render_lm(run_dir, metrics)
-        print(lm_runner.summary_table(metrics))
+        lm.render_lm(run_dir, metrics)
+        print(lm.summary_table(metrics))
         return 0
     report.render(run_dir, metrics)
     print(report.summary_table(metrics))
@@ -199,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_stress)
 
     lm = command("lm", "MIITA and baselines on a small-LM task stream (SmolLM2-135M without --config)")
-    lm.add_argument("--config", help="YAML file overriding the embedded default (pipeline/lm_runner.py LMRunConfig)")
+    lm.add_argument("--config", help="YAML file overriding the embedded default (pipeline/lm.py LMRunConfig)")
+    lm.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted `memcl lm` from its last checkpoints")
     lm.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
     lm.add_argument("--out", help="parent folder of the run folder (default: runs)")
     lm.add_argument("--seed", type=int, help=seed_help)
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except RunInterrupted as stop:
-        print(f"\nmemcl: interrupted; continue the run with: memcl run --resume {stop.run_dir}", file=sys.stderr)
+        print(f"\nmemcl: interrupted; continue the run with: {stop.command} --resume {stop.run_dir}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("\nmemcl: interrupted", file=sys.stderr)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; `run_dir` is the folder `memcl run --resume` continues from its last checkpoint."""
+    """Ctrl-C during a run; `run_dir` is the folder `<command> --resume` continues from its last checkpoint."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, command: str = "memcl run"):
         super().__init__(str(run_dir))
-        self.run_dir = run_dir
+        self.run_dir, self.command = run_dir, command
 
 
 def one_line(err: BaseException) -> tuple[str, bool]:

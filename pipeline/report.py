@@ -24,7 +24,8 @@ def write_run(run_dir: Path, metrics: dict) -> None:
 def render(run_dir: Path, metrics: dict) -> None:
     """(Re)write the CSV and the plots from a metrics dict."""
     write_matrix(run_dir, metrics)
-    _slots(metrics, run_dir / "slots.png")
+    if "slots" in metrics:  # the "features" family's slot memory
+        _slots(metrics, run_dir / "slots.png")
 
 
 def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
@@ -153,11 +154,11 @@ def summary_table(metrics: dict) -> str:
     lines.append(f"samples streamed {samples['stream']}, learned {samples['learned']} "
                  f"({samples['unique_learned']} unique), refused {samples.get('refused', 0)} "
                  f"{samples.get('refused_by_reason') or ''}")
-    slots = metrics["slots"]
-    if slots["history"]:
+    slots = metrics.get("slots")
+    if slots and slots["history"]:
         lines.append(f"slots {slots['history'][0][1]} -> {slots['history'][-1][1]} "
                      f"({len(slots['expansions'])} expansions, {slots['monitor'].get('tests', 0)} SGSE tests)")
-    recovery = metrics.get("recovery")  # NSR runs (pipeline/adapter_runner.py)
+    recovery = metrics.get("recovery")  # NSR runs (pipeline/nsr.py)
     if recovery and recovery["returning_visits"]:
         visits = recovery["returning_visits"]
         lines.append(f"returning tasks ({metrics['allocation']} allocation): "

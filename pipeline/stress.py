@@ -30,6 +30,7 @@ import ray
 
 from pipeline import preflight, runner
 from pipeline.config import RunConfig, load_config
+from pipeline.features import FeaturePipeline
 
 ALPHA = 0.05  # SGSE's per-test false-expansion bound
 DETECTION_BLOCKS = 3  # a novel event counts as detected if a test within this many blocks of its start expands
@@ -72,16 +73,16 @@ class Sampler:
         self.start = self.last = time.perf_counter()
         self.last_round = -1
 
-    def _rss(self, pipe: runner.Pipeline) -> dict[str, int]:
+    def _rss(self, pipe: FeaturePipeline) -> dict[str, int]:
         if not self.pids:  # on a local cluster the driver can read every actor's process
-            handles = {role: getattr(pipe, role) for role in pipe.roles}
+            handles = {role: pipe.roles.handle(role) for role in pipe.roles.names}
             self.pids = dict(zip(handles, ray.get([h.__ray_call__.remote(lambda self: os.getpid())
                                                    for h in handles.values()])))
         rss = {f"rss.{role}": psutil.Process(pid).memory_info().rss for role, pid in self.pids.items()}
         rss["rss.driver"] = psutil.Process().memory_info().rss
         return rss
 
-    def __call__(self, r: int, state: runner.RunState, pipe: runner.Pipeline) -> None:
+    def __call__(self, r: int, state: runner.RunState, pipe: FeaturePipeline) -> None:
         last_round = r == len(self.samples_per_round) - 1
         if (r + 1) % self.stride and not last_round:
             return

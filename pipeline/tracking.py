@@ -29,8 +29,8 @@ class TensorBoardLog:
                 add(f"loss/{label.replace(' ', '')}", loss, self.epochs[label])
         for key, value in entry["memory"].items():
             add("slots" if key == "num_slots" else f"memory_bytes/{key}", value, step)
-        if entry.get("stream_seconds"):
-            add("throughput/batches_per_second", entry["batches"] / entry["stream_seconds"], step)
+        if entry["seconds"].get("stream"):
+            add("throughput/batches_per_second", entry["batches"] / entry["seconds"]["stream"], step)
         add("refused_rows", entry["refused"], step)
         self.writer.flush()
 

@@ -12,19 +12,21 @@ from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.methods import LMMethodConfig
 from memcl_ops.miita.directions import AdaptConfig
 from memcl_ops.models.causal_lm import LMSpec
-from pipeline.lm_runner import LMRunConfig, LMRuntimeConfig, run, run_specs
+from pipeline.config import dump_config
+from pipeline.lm import LMRunConfig, LMRuntimeConfig, run, run_specs
+from tests.killing import kill_driver_at_checkpoint, killer
 
 pytestmark = pytest.mark.ray
 
 ALWAYS_ON = {"entropy_threshold": -1.0, "relevance_threshold": -1.0}  # gate fully open: any step shows
 
 
-def config(step: float, methods=("base", "replay", "miita", "lora"), budgets=(512,)):
+def config(step: float, methods=("base", "replay", "miita", "lora"), budgets=(512,), out="runs"):
     return LMRunConfig(
         model=LMSpec(name="tiny:llama", threads=1), methods=methods, budgets=budgets,
         stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3),
         method=LMMethodConfig(adapt=AdaptConfig(step=step, **ALWAYS_ON)),
-        runtime=LMRuntimeConfig(threads=1, batch_size=4, progress=False))
+        runtime=LMRuntimeConfig(threads=1, batch_size=4, progress=False, out=str(out)))
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +96,39 @@ def test_lora_training_lowers_the_training_loss(zero_step):
     for entry in zero_step["runs"]["lora"]["log"]:
         losses = entry["learned"]["epoch_losses"]
         assert len(losses) == 3 and losses[-1] < losses[0], losses
+
+
+def assert_same_runs(metrics: dict, reference: dict) -> None:
+    """The same answers, scores and bytes after every task as `reference`, every training pair learned once."""
+    preds, expected = predictions(metrics), predictions(reference)
+    for name, r in metrics["runs"].items():
+        ref = reference["runs"][name]
+        np.testing.assert_array_equal(np.array(r["acc_matrix"]), np.array(ref["acc_matrix"]))
+        assert r["final_answer_nll"] == ref["final_answer_nll"] and r["log"] == ref["log"], name
+        assert preds[name] == expected[name], name
+        samples = r["samples"]
+        learned = 0 if r["method"] == "base" else samples["stream"]  # the frozen base learns nothing
+        assert samples["stream"] == 18 and samples["learned"] == samples["unique_learned"] == learned, (name, samples)
+
+
+KILL_POINTS = np.random.default_rng(21).integers(0, [3, 2], size=(3, 2)).tolist()  # (task, batch)
+
+
+@pytest.mark.parametrize("role, method, point", [("lm_encoder", "miita", 0), ("memory", "miita", 1),
+                                                 ("lm_trainer", "lora", 2)])
+def test_actor_killed_mid_task_gives_the_uninterrupted_run(actors, tmp_path, zero_step, role, method, point):
+    task, index = KILL_POINTS[point]
+    hook, done = killer(actors, role, (task, 0 if method == "lora" else index), restart=point % 2 == 1)
+    metrics = run(config(0.0, methods=(method,)), run_dir=tmp_path, actors=actors, on_batch=hook)
+    assert done and sum(r["recoveries"] for r in metrics["runs"].values()) >= 1
+    assert_same_runs(metrics, zero_step)
+
+
+def test_killed_driver_resumes_to_the_uninterrupted_runs(actors, tmp_path, zero_step):
+    dump_config(config(0.0, out=tmp_path), tmp_path / "lm.yaml")
+    run_dir = kill_driver_at_checkpoint(["lm", "--config", str(tmp_path / "lm.yaml")], tmp_path,
+                                        "runs/miita_512B/checkpoints/ckpt-000000.sha256")
+    assert_same_runs(run(resume=run_dir, actors=actors), zero_step)
 
 
 def test_bad_run_configs_are_refused():

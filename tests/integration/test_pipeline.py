@@ -1,11 +1,6 @@
 """End to end through real Ray actors: real Arrow batches, a real (tiny) encoder actor, real files."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +9,7 @@ import yaml
 
 from pipeline import report, runner
 from pipeline.config import load_config
+from tests.killing import kill_driver_at_checkpoint, memcl
 
 pytestmark = pytest.mark.ray
 
@@ -71,12 +67,6 @@ def test_result_does_not_depend_on_calls_in_flight(actors, tmp_path):
     assert a["slots"]["history"] == b["slots"]["history"]
 
 
-def _memcl(*args, **kwargs):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kwargs)
-
-
 def test_killed_driver_resumes_to_the_same_accuracy_matrix(actors, tmp_path):
     """SIGKILL the driver once the checkpoint after task 2 is on disk; `memcl run --resume` must finish with the
     accuracy matrix of an uninterrupted run with the same seed."""
@@ -88,21 +78,10 @@ def test_killed_driver_resumes_to_the_same_accuracy_matrix(actors, tmp_path):
     from pipeline.config import dump_config
 
     dump_config(cfg, config_path)
-    proc = _memcl("run", "--config", str(config_path), "--set", "runtime.num_cpus=1")
-    deadline = time.time() + 240
-    run_dir = None
-    while time.time() < deadline and proc.poll() is None:
-        found = list((tmp_path / "killed").glob("*/checkpoints/ckpt-000001.sha256"))
-        if found:
-            run_dir = found[0].parent.parent
-            os.kill(proc.pid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    proc.wait(timeout=60)
-    assert run_dir is not None, proc.stdout.read()
-    assert not (run_dir / "metrics.json").exists(), "the driver finished before it could be killed"
+    run_dir = kill_driver_at_checkpoint(["run", "--config", str(config_path), "--set", "runtime.num_cpus=1"],
+                                        tmp_path / "killed", "checkpoints/ckpt-000001.sha256")
 
-    resumed = _memcl("run", "--resume", str(run_dir))
+    resumed = memcl("run", "--resume", str(run_dir))
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out
     metrics = json.loads((run_dir / "metrics.json").read_text())

@@ -1,0 +1,281 @@
+"""The pipeline of the "features" family (MARS and its ablations, the baselines, the analytic heads): a learner
+over frozen features, cached in Parquet or encoded in-line. Per training batch the driver only submits calls;
+data moves between actors by object reference:
+
+    source.train_batch -> [encoder.encode] -> memory.route -> monitor.observe -> memory.expand
+          (gate)              (gate)
+
+Ray runs one caller's calls to one actor in submission order, so each batch is routed by the memory as it
+stood after the previous batch's expansions, and the result is the same for any `max_in_flight`. At the end of
+a round: DCDA stage 1 on the round's block, then the head learner (stage 2) and its task-end snapshot, then
+evaluation after the visits the round ended. Only the roles the method has are started (memcl_ops/methods.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from actors.memory_manager import MemoryManager, Stores
+from actors.novelty_monitor import NoveltyMonitor
+from actors.stage1_trainer import Stage1Trainer
+from actors.stage2_trainer import Stage2Trainer
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.feature_cache import FeatureCache
+from memcl_ops.data.sources import StreamInfo
+from memcl_ops.methods import MethodSpec
+from pipeline import checkpoint, preflight
+from pipeline.actor_cache import ActorCache
+from pipeline.config import RunConfig
+from pipeline.encoder_pool import EncoderPool
+from pipeline.progress import InFlight, Progress, Reports
+from pipeline.runner import BatchHook, Roles, Round, RoundOutcome, RunState, ensure_ray, plan_rounds, stream_source
+
+
+class FeaturePipeline:
+    """The actors of one "features" run: source, encoders (when features are not given), and the method's roles."""
+
+    def __init__(self, config: RunConfig, spec: MethodSpec, info: StreamInfo, actors: ActorCache, bars: Progress):
+        self.config, self.spec, self.actors = config, spec, actors
+        rt = config.runtime
+        self.encoders, self.features = None, {}
+        if info.feature_dim is None:
+            self.encoders = EncoderPool(config, info.payload, actors)
+            if rt.cache_dir and info.cacheable:
+                self.features = encode_into_cache(config, actors.handle("source"), self.encoders, info, bars)
+            info = ray.get(actors.handle("source").describe.remote())
+            info.feature_dim = info.feature_dim or self.encoders.dim
+        self.info = info
+        self.inline = self.encoders is not None and not self.features  # no feature cache: encode on the fly
+        # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
+        self.content_cache = rt.cache_dir if self.inline and rt.cache_dir else None
+        self.expansions: ray.ObjectRef | None = None  # the monitor's verdict on the last batch, not yet applied
+        self.method = method = spec.resolve(config.method)
+        seed, threads, dim = config.seed, rt.actor_threads, info.feature_dim
+        # Learner actors do little work per call (the encoders hold the CPUs); Ray restarts them after a crash.
+        light = {"num_cpus": 0, "max_restarts": rt.max_restarts}
+        names = ["source"]
+        # An analytic head over features encoded in-line: each encoder replica sums the statistics of the batches it
+        # encodes and the MemoryManager's statistics store merges them.
+        self.merges = spec.mergeable and self.inline and method.analytic.accumulate_in == "encoders"
+        if spec.memory or self.merges:
+            # One torch thread: it routes every batch while the encoders run, and a second thread would fight
+            # them for the cores (`memcl bench throughput`).
+            stores = Stores(slots=method.router, max_slots=method.sgse.max_slots) if spec.memory else Stores()
+            actors.get("memory", MemoryManager, light, dim, stores, seed, 1)
+            names.append("memory")
+        if spec.sgse:
+            actors.get("monitor", NoveltyMonitor, light, method.sgse)
+            names.append("monitor")
+        if spec.stage1:
+            actors.get("stage1", Stage1Trainer, light, dim, method.router, method.stage1, seed, threads)
+            names.append("stage1")
+        actors.get("stage2", Stage2Trainer, light, method, dim, seed, threads)
+        names.append("stage2")
+        self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else ())
+        self._prepare_encoders()
+
+    def _prepare_encoders(self) -> None:
+        if self.merges:
+            ray.get([r.use_statistics.remote(self.method.analytic, self.config.seed) for r in self.encoders.replicas])
+        if self.content_cache:
+            self.encoders.use_cache(self.content_cache)
+
+    def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
+        # pipe.memory, pipe.stage2, ...: the current handle of a role (it changes when a role is revived)
+        if role in ("source", "memory", "monitor", "stage1", "stage2"):
+            return self.roles.handle(role)
+        raise AttributeError(role)
+
+    def plan(self) -> list[Round]:
+        return plan_rounds(self.info, self.config.stream.task_free, self.config.method.consolidate_every)
+
+    def _features(self, batch_ref: ray.ObjectRef, letters: list[ray.ObjectRef], accumulate: bool = False
+                  ) -> ray.ObjectRef:
+        if not self.inline:
+            return batch_ref
+        features, more = self.encoders.encode(batch_ref, accumulate)
+        letters.append(more)
+        return features
+
+    def learn_batch(self, visit: int, index: int, letters: list[ray.ObjectRef]) -> tuple[ray.ObjectRef, ray.ObjectRef]:
+        """Submit one training batch through the chain: (its feature batch, the last call of its chain)."""
+        batch, refused = self.source.train_batch.remote(visit, index)
+        letters.append(refused)
+        feats = self._features(batch, letters, accumulate=self.merges)
+        tail = feats
+        if self.spec.memory:
+            tail = routed = self.memory.route.remote(feats, self.expansions)
+            if self.monitor is not None:
+                frozen = feats if self.method.sgse.signal == "reference" else None
+                tail = self.expansions = self.monitor.observe.remote(routed, frozen)
+        return feats, tail
+
+    def consolidate(self, block: list[ray.ObjectRef], reports: Reports, what: str
+                    ) -> tuple[dict, dict[str, float]]:
+        """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot;
+        the trainers' epochs are shown as `what` stage 1 / stage 2 bars. Returns (report, seconds per stage)."""
+        out: dict = {}
+        t0 = time.perf_counter()
+        if self.expansions is not None:  # the last batch's expansions (the next route call applies the others)
+            ray.get(self.memory.expand.remote(self.expansions))
+            self.expansions = None
+        queue = reports.queue
+        if self.stage1 is not None:
+            trained = self.stage1.train.remote(self.memory.memory_state.remote(), *block, progress=queue)
+            reports.get(trained, what)
+            ray.get(self.memory.load_memory.remote(trained))
+        t1 = time.perf_counter()
+        memory = self.memory.memory_state.remote() if self.spec.memory else None
+        if self.merges:
+            merged = self.memory.merge_statistics.remote(*self.encoders.take_statistics())
+            out["stage2"] = reports.get(self.stage2.train_merged.remote(merged, memory, *block, progress=queue), what)
+        else:
+            out["stage2"] = reports.get(self.stage2.train.remote(memory, *block, progress=queue), what)
+        ray.get(self.stage2.end_task.remote())
+        out["epoch_losses"] = reports.take_losses()
+        return out, {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
+
+    def stream_round(self, batches: Round, state: RunState, reports: Reports, on_batch: BatchHook | None
+                     ) -> RoundOutcome:
+        """Stream one round, consolidate, and evaluate after the visits it ends."""
+        rt, info = self.config.runtime, self.info
+        first, last = batches[0][0], batches[-1][0]
+        what = (f"task {info.visits[first] + 1}/{len(info.task_classes)} (visit {first + 1}/{len(info.visits)})"
+                if first == last else f"visits {first + 1}-{last + 1}/{len(info.visits)}")
+        in_flight = InFlight(rt.max_in_flight, reports.progress.bar(f"{what} stream", len(batches)))
+        t_stream = time.perf_counter()
+        block: list[ray.ObjectRef] = []
+        letters: list[ray.ObjectRef] = []
+        for v, i in batches:
+            feats, tail = self.learn_batch(v, i, letters)
+            block.append(feats)
+            if on_batch is not None:
+                on_batch(v, i)
+            in_flight.add(tail)
+        in_flight.drain()
+        seconds = {"stream": time.perf_counter() - t_stream}
+        consolidation, trained = self.consolidate(block, reports, what)
+        seconds.update(trained)
+
+        t_eval = time.perf_counter()
+        ended = [v for v, i in batches if i == info.visit_batches[v] - 1]
+        seen = list(state.seen_tasks)
+        for v in sorted({v for v, _ in batches}):
+            seen += [t for t in ray.get(self.source.visit_tasks.remote(v)) if t not in seen]
+        accuracy: dict[int, float] = {}
+        if any(v == len(info.visits) - 1 or (v + 1) % rt.evaluate_every == 0 for v in ended):
+            recent = seen if rt.evaluate_window is None else seen[-rt.evaluate_window:]
+            accuracy = self.evaluate(sorted(recent), ended[-1], letters)
+        refused = [t for t in ray.get(letters) if t.num_rows]
+        seconds["evaluate"] = time.perf_counter() - t_eval
+        return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
+                            seconds, consolidation)
+
+    def evaluate(self, tasks: list[int], after_visit: int, letters: list[ray.ObjectRef]) -> dict[int, float]:
+        """Accuracy per task on its test data (refused test rows join `letters`)."""
+        refs = {}
+        for t in tasks:
+            refs[t] = []
+            for k in range(self.info.test_batches[t]):
+                batch, refused = self.source.test_batch.remote(t, k, after_visit)
+                letters.append(refused)
+                refs[t].append(self.stage2.evaluate.remote(self._features(batch, letters)))
+        accuracy = {}
+        for t, parts in refs.items():
+            counts = np.array(ray.get(parts)).reshape(-1, 2).sum(axis=0)
+            accuracy[t] = float(counts[0] / counts[1]) if counts[1] else float("nan")
+        return accuracy
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes of all persistent memory: the MemoryManager's stores and the novelty monitor's references."""
+        report = ray.get(self.memory.memory_report.remote()) if self.memory is not None else {}
+        if self.monitor is not None:
+            report["monitor"] = ray.get(self.monitor.nbytes.remote())
+        return report
+
+    def revive(self, parts: dict[str, checkpoint.State]) -> None:
+        """After a fault: every role alive and reset, the source given its features again, all restored."""
+        self.expansions = None  # belonged to the replayed round
+        self.roles.revive()
+        if self.encoders is not None:
+            self.encoders.revive()
+        self._prepare_encoders()
+        for split, (rows, feats) in self.features.items():
+            ray.get(self.source.set_features.remote(split, rows, feats))
+        self.roles.restore(parts)
+
+    def learned_ids(self) -> np.ndarray:
+        return ray.get(self.stage2.learned_ids.remote())
+
+    def finish(self, state: RunState) -> dict:
+        if self.content_cache:  # the rows encoded in-line, written to the content cache once per run
+            self.encoders.flush_cache()
+        history = ray.get(self.memory.history.remote()) if self.spec.memory else {}
+        monitor = ray.get(self.monitor.counters.remote()) if self.monitor is not None else {}
+        head_bytes = ray.get(self.stage2.memory_bytes.remote())
+        return {"slots": {"history": history.get("slot_history", []), "expansions": history.get("expansions", []),
+                          "refused_expansions": history.get("refused_expansions", 0), "monitor": monitor},
+                "memory_bytes": {**{k: v for k, v in self.memory_report().items() if k != "num_slots"},
+                                 **{f"head.{k}": v for k, v in head_bytes.items()}},
+                "encoders": self.encoders.info if self.encoders is not None else []}
+
+
+def encode_into_cache(config: RunConfig, source: ray.actor.ActorHandle, encoders: EncoderPool, info: StreamInfo,
+                      progress: Progress) -> dict[str, tuple[ray.ObjectRef, ray.ObjectRef]]:
+    """Encode every row the stream needs that the Parquet cache lacks, then hand the features to the source.
+    Returns the (rows, features) object refs per split, to hand over again if the source is ever restarted."""
+    cache = FeatureCache(config.runtime.cache_dir)
+    handed = {}
+    for split in ("train", "test"):
+        key = FeatureCache.key(encoders.id, info.name, split)
+        rows = ray.get(source.needed_rows.remote(split))
+        feats, missing = cache.lookup(key, rows)
+        if feats is None:
+            bs = config.stream.batch_size
+            chunks = [missing[a:a + bs] for a in range(0, len(missing), bs)]
+            bar = progress.bar(f"encode {split} ({encoders.id})", len(chunks))
+            pending: deque[tuple[np.ndarray, ray.ObjectRef]] = deque()
+            results = []
+            for chunk in chunks:
+                features, _ = encoders.encode(source.raw_rows.remote(split, chunk))
+                pending.append((chunk, features))
+                if len(pending) > config.runtime.max_in_flight * len(encoders.roles):
+                    results.append(_take(pending, bar))
+            while pending:
+                results.append(_take(pending, bar))
+            bar.close()
+            cache.add(key, np.concatenate([r for r, _ in results]), np.concatenate([f for _, f in results]))
+            feats, missing = cache.lookup(key, rows)
+        handed[split] = (ray.put(rows), ray.put(feats))
+        ray.get(source.set_features.remote(split, *handed[split]))
+    return handed
+
+
+def _take(pending: deque, bar) -> tuple[np.ndarray, np.ndarray]:
+    rows, ref = pending.popleft()
+    batch = ray.get(ref)
+    bar.update(1)
+    if batch is None or batch.num_rows != len(rows):
+        raise RuntimeError(f"the encoder refused rows of the dataset itself (rows {rows[:5].tolist()}...): "
+                           "its features are not finite")
+    return rows, np.array(S.features_to_numpy(batch))
+
+
+def encode_stream(config: RunConfig, actors: ActorCache) -> float:
+    """Encode what `config`'s stream needs into the feature cache, with a progress bar whatever
+    `runtime.progress` says, and return the seconds it took (about 0 when cached, features or in-line encoding):
+    `memcl bench` does it once, before its runs, so no method's time includes it."""
+    config = preflight.with_absolute_paths(config)
+    preflight.check_run(config)
+    ensure_ray(config)
+    started = time.perf_counter()
+    source = stream_source(config, actors)
+    info: StreamInfo = ray.get(source.describe.remote())
+    if info.feature_dim is None and config.runtime.cache_dir and info.cacheable:
+        encode_into_cache(config, source, EncoderPool(config, info.payload, actors), info, Progress(enabled=True))
+    return time.perf_counter() - started

@@ -1,0 +1,439 @@
+"""`memcl lm`: continual learning of (instruction -> short answer) tasks with a frozen small LM, the "lm"
+methods side by side on one task stream, the memory methods at each byte budget (docs/methods.md, "MIITA").
+Each (method, budget) is one run of the one runner (pipeline/runner.py: fault replay, checkpoints, `--resume`),
+one round per task, through Arrow batches and actors:
+
+    text pairs ──> LMEncoder.extract ──> (key, R_m) ──> MemoryManager.write_prototypes     (miita)
+    text pairs ──────────────┴───────────────────────> MemoryManager.write_replay         (replay)
+    text pairs ──> LMTrainer.train                                                        (lora)
+
+then the tasks due are answered by generation with the method's state and scored by exact match:
+
+    miita:  MemoryManager.prototype_state ──> LMEncoder.generate(adapted)
+    replay: LMEncoder.query_keys ──> MemoryManager.demonstrations ──> LMEncoder.generate(demonstrations)
+    lora:   LMTrainer.generate;   base: LMEncoder.generate
+
+The extraction is the same for every method and budget, so it runs once per train batch. The frozen base model
+has no state, so each task is answered once and its accuracy fills its column of every row.
+
+Writes a run folder: config.yaml, runs/<run>/ (each run's checkpoints and metrics.json), metrics.json (per run:
+accuracy matrix, OP, BWT, memory bytes after every task, wall seconds), results.csv (one row per run),
+<run>_acc_matrix.{csv,png}, <run>_acc_over_time.png, op_bwt.png and predictions.jsonl (every generated answer).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from actors.lm_encoder import LMEncoder
+from actors.lm_trainer import LMTrainer
+from actors.memory_manager import MemoryManager, Stores
+from memcl_ops import metrics as M
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.lm_tasks import LMStreamSpec, TextTask, build_stream, exact_match
+from memcl_ops.data.sources import StreamInfo
+from memcl_ops.methods import LMMethodConfig, family_methods, lm_method
+from memcl_ops.models.causal_lm import LMSpec, check_lm_name
+from pipeline import checkpoint, preflight, report, runner
+from pipeline.actor_cache import ActorCache
+from pipeline.config import ConfigError, dump_config, load_config
+from pipeline.errors import RunInterrupted
+from pipeline.progress import InFlight, Progress, Reports
+
+
+@dataclass(frozen=True)
+class LMRuntimeConfig:
+    address: str | None = None  # None: start Ray in-process; "auto": join a running cluster
+    num_cpus: int | None = None  # for an in-process Ray; None: all cores
+    object_store_mb: int = 512
+    threads: int = 2  # torch threads in the LM actors
+    batch_size: int = 16  # text pairs per Arrow batch
+    max_in_flight: int = 4  # batches written or trained at once (backpressure)
+    # after each task, answer every seen task ("seen": the full accuracy matrix, Ā and forgetting) or only the new
+    # one, then every task after the last ("new_and_final": the entries OP and BWT need, ~40 % less generation)
+    evaluate: Literal["seen", "new_and_final"] = "seen"
+    out: str = "runs"
+    checkpoint: bool = True
+    progress: bool = True
+    tensorboard: bool = False  # TensorBoard event files in each run's folder
+    max_restarts: int = 2  # Ray restarts of a crashed actor (its state is then restored by the runner)
+    max_recoveries: int = 5  # replays of one task after actor faults before the run gives up
+
+
+@dataclass(frozen=True)
+class LMRunConfig:
+    """`memcl lm` with no config: SmolLM2-135M-Instruct on five tasks (24 train / 16 test pairs each); the frozen
+    base, text replay and MIITA at 16 KiB and 64 KiB, and sequential LoRA, side by side."""
+
+    seed: int = 0
+    model: LMSpec = LMSpec()
+    stream: LMStreamSpec = LMStreamSpec()
+    methods: tuple[str, ...] = ("base", "replay", "miita", "lora")
+    budgets: tuple[int, ...] = (16 * 1024, 64 * 1024)  # C_mem in bytes, for the memory methods
+    method: LMMethodConfig = LMMethodConfig()
+    runtime: LMRuntimeConfig = LMRuntimeConfig()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: str
+    budget: int | None  # None for the methods without memory
+
+    @property
+    def name(self) -> str:
+        if self.budget is None:
+            return self.method
+        return f"{self.method}@{self.budget // 1024}KiB" if self.budget % 1024 == 0 else f"{self.method}@{self.budget}B"
+
+
+def run_specs(config: LMRunConfig) -> list[RunSpec]:
+    if not config.methods:
+        raise ValueError("methods is empty; choose from " + ", ".join(family_methods("lm")))
+    specs = []
+    for method in config.methods:
+        if "byte-budget" in lm_method(method).tags:
+            if not config.budgets or min(config.budgets) <= 0:
+                raise ValueError(f"{method} needs positive byte budgets, got {config.budgets}")
+            specs += [RunSpec(method, b) for b in config.budgets]
+        else:
+            specs.append(RunSpec(method, None))
+    return specs
+
+
+class LMContext:
+    """What every run of one `memcl lm` shares: the task stream as Arrow text-pair batches in the object store
+    (sample ids increase along the stream), the frozen LM's actor, its extractions and the base model's answers."""
+
+    def __init__(self, config: LMRunConfig, tasks: list[TextTask], actors: ActorCache):
+        self.config, self.tasks, self.actors = config, tasks, actors
+        self.train: list[list[ray.ObjectRef]] = []
+        self.test: list[list[ray.ObjectRef]] = []
+        next_id = 0
+        for t, task in enumerate(tasks):
+            for split, pairs in (("train", task.train), ("test", task.test)):
+                refs = []
+                for start in range(0, len(pairs), config.runtime.batch_size):
+                    chunk = pairs[start:start + config.runtime.batch_size]
+                    ids = np.arange(next_id, next_id + len(chunk))
+                    next_id += len(chunk)
+                    refs.append(ray.put(S.text_pair_batch(ids, [p.prompt for p in chunk], [p.answer for p in chunk],
+                                                          task_ids=np.full(len(chunk), t), stream=task.name)))
+                getattr(self, split).append(refs)
+        rt = config.runtime
+        actors.get("lm_encoder", LMEncoder, {"num_cpus": 1, "max_restarts": rt.max_restarts}, config.model,
+                   rt.threads)
+        self.model = ray.get(self.encoder.info.remote())
+        self.extracted: dict[int, list[ray.ObjectRef]] = {}  # per task: (key, R_m) batches, computed once
+        self.query_keys: dict[int, list[ray.ObjectRef]] = {}  # per task: the test prompts' keys (replay)
+        self.base_answers: dict[int, tuple[float, float, list[dict]]] = {}  # per task: the frozen model's scores
+        self.info = StreamInfo(name="+".join(t.name for t in tasks), payload="text", task_classes=[[] for _ in tasks],
+                               visits=list(range(len(tasks))), visit_batches=[len(b) for b in self.train],
+                               test_batches=[len(b) for b in self.test], num_samples=sum(len(t.train) for t in tasks),
+                               labels=None, fingerprint="")
+
+    @property
+    def encoder(self) -> ray.actor.ActorHandle:
+        return self.actors.handle("lm_encoder")
+
+    def extraction(self, task: int, index: int) -> ray.ObjectRef:
+        refs = self.extracted.setdefault(task, [None] * len(self.train[task]))
+        if refs[index] is None:
+            refs[index] = self.encoder.extract.remote(self.train[task][index])
+        return refs[index]
+
+    def forget_calls(self) -> None:
+        """Drop results of calls to the LM actor (after a fault they may be lost with it)."""
+        self.extracted.clear()
+        self.query_keys.clear()
+
+
+class LMPipeline:
+    """The actors of one (method, budget) run and what the method does with them."""
+
+    def __init__(self, ctx: LMContext, spec: RunSpec):
+        self.ctx, self.spec = ctx, spec
+        self.info = ctx.info
+        cfg, rt = ctx.config, ctx.config.runtime
+        options = {"num_cpus": 0, "max_restarts": rt.max_restarts}
+        names = ["lm_encoder"]
+        if spec.method == "miita":
+            stores = Stores(prototypes=self.memory_config)
+        elif spec.method == "replay":
+            stores = Stores(replay=replace(cfg.method.replay, budget_bytes=spec.budget))
+        if spec.method in ("miita", "replay"):
+            ctx.actors.get("memory", MemoryManager, options, ctx.model["hidden"], stores, cfg.seed, 1)
+            names.append("memory")
+        if spec.method == "lora":
+            ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, cfg.method.finetune, cfg.seed, rt.threads)
+            names.append("lm_trainer")
+        self.roles = runner.Roles(ctx.actors, names)
+
+    @property
+    def memory_config(self):
+        return replace(self.ctx.config.method.memory, budget_bytes=self.spec.budget)
+
+    def plan(self) -> list[runner.Round]:
+        return runner.plan_rounds(self.info, task_free=False, every=0)
+
+    def learn(self, task: int, on_batch: runner.BatchHook | None, bars: Progress) -> dict:
+        """Absorb one task's training pairs, batch by batch; returns what the method reports about it."""
+        ctx, method = self.ctx, self.spec.method
+        bar = bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(ctx.train[task]), leave=False)
+        in_flight = InFlight(ctx.config.runtime.max_in_flight, bar)
+        calls = []
+        for i, pairs in enumerate(ctx.train[task] if method != "lora" else []):
+            if method == "miita":
+                calls.append(self.roles.handle("memory").write_prototypes.remote(ctx.extraction(task, i)))
+            elif method == "replay":
+                calls.append(self.roles.handle("memory").write_replay.remote(pairs, ctx.extraction(task, i)))
+            if on_batch is not None:
+                on_batch(task, i)
+            if calls:
+                in_flight.add(calls[-1])
+        in_flight.drain()
+        if method == "miita":
+            outcomes = ray.get(calls)
+            return {k: sum(o[k] for o in outcomes) for k in outcomes[0]}
+        if method == "replay":
+            return {"stored": ray.get(calls[-1])}
+        if method == "lora":
+            trained = self.roles.handle("lm_trainer").train.remote(*ctx.train[task])
+            if on_batch is not None:
+                on_batch(task, 0)
+            return {"epoch_losses": ray.get(trained)}
+        return {}
+
+    def answer(self, task: int) -> list[ray.ObjectRef]:
+        """Prediction batches for one task's test pairs under the method's current state."""
+        ctx, method = self.ctx, self.spec.method
+        tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.test[task]
+        if method == "lora":
+            return [self.roles.handle("lm_trainer").generate.remote(b, tokens) for b in batches]
+        if method == "miita":
+            state = self.roles.handle("memory").prototype_state.remote()
+            return [ctx.encoder.generate.remote(b, tokens, state, self.memory_config, ctx.config.method.adapt)
+                    for b in batches]
+        if method == "replay":
+            if task not in ctx.query_keys:
+                ctx.query_keys[task] = [ctx.encoder.query_keys.remote(b) for b in batches]
+            memory = self.roles.handle("memory")
+            return [ctx.encoder.generate.remote(b, tokens, demonstrations=memory.demonstrations.remote(k))
+                    for b, k in zip(batches, ctx.query_keys[task])]
+        return [ctx.encoder.generate.remote(b, tokens) for b in batches]
+
+    def stream_round(self, batches: runner.Round, state: runner.RunState, reports: Reports,
+                     on_batch: runner.BatchHook | None) -> runner.RoundOutcome:
+        """Learn one task, then answer the tasks due: every seen one, or (new_and_final) the new one and, after the
+        last task, all."""
+        ctx, bars = self.ctx, reports.progress
+        task = batches[0][0]
+        t0 = time.perf_counter()
+        learned = self.learn(task, on_batch, bars)
+        t1 = time.perf_counter()
+        final = task == len(ctx.tasks) - 1
+        due = range(task + 1) if final or ctx.config.runtime.evaluate == "seen" else [task]
+        accuracy, nll, predictions = {}, {}, []
+        for j in due:
+            if self.spec.method == "base" and j in ctx.base_answers:
+                accuracy[j], nll[j], rows = ctx.base_answers[j]
+            else:
+                answers = bars.wait(self.answer(j), f"{self.spec.name}: answer {ctx.tasks[j].name}", "batch",
+                                    leave=False)
+                accuracy[j], nll[j], rows = score(answers)
+                if self.spec.method == "base":
+                    ctx.base_answers[j] = accuracy[j], nll[j], rows
+            predictions += [{"run": self.spec.name, "after_task": task, "task": j, **r} for r in rows]
+        bars.note(f"{self.spec.name} after {ctx.tasks[task].name}: mean accuracy on the tasks answered "
+                  f"{np.mean(list(accuracy.values())):.3f}")
+        return runner.RoundOutcome(accuracy, list(range(task + 1)), [task], len(batches), None,
+                                   {"learn": t1 - t0, "evaluate": time.perf_counter() - t1},
+                                   {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
+                                    "predictions": predictions})
+
+    def revive(self, parts: dict[str, checkpoint.State]) -> None:
+        self.ctx.forget_calls()
+        self.roles.revive()
+        self.roles.restore(parts)
+
+    def memory_report(self) -> dict[str, int]:
+        if self.spec.method in ("miita", "replay"):
+            return ray.get(self.roles.handle("memory").memory_report.remote())
+        if self.spec.method == "lora":
+            return ray.get(self.roles.handle("lm_trainer").memory_bytes.remote())
+        return {}
+
+    def learned_ids(self) -> np.ndarray:
+        for role in ("memory", "lm_trainer"):
+            if role in self.roles.names:
+                return ray.get(self.roles.handle(role).learned_ids.remote())
+        return np.zeros(0, np.int64)
+
+    def finish(self, state: runner.RunState) -> dict:
+        acc = np.array(state.acc_rows, dtype=np.float64)
+        nll = np.full_like(acc, np.nan)
+        for i, entry in enumerate(state.round_log):
+            for j, value in entry["nll"].items():
+                nll[i, int(j)] = value
+        full = not np.isnan(acc[np.tril_indices(len(acc))]).any()
+        return {"method": self.spec.method, "run": self.spec.name, "budget_bytes": self.spec.budget,
+                "op": M.final_accuracy(acc), "bwt": M.backward_transfer(acc),
+                "a_mean": M.average_incremental_accuracy(acc) if full else None,
+                "forgetting": M.forgetting(acc) if full else None,
+                # teacher-forced NLL of the reference answers under the method's final state (lower is better)
+                "nll_matrix": nll.tolist(), "final_answer_nll": float(np.mean(nll[-1])),
+                "log": [{"task": e["task"], "name": e["name"], "learned": e["learned"], "memory_bytes": e["memory"],
+                         "accuracy": {self.ctx.tasks[int(j)].name: a for j, a in e["accuracy"].items()}}
+                        for e in state.round_log]}
+
+
+def score(predictions: list[pa.RecordBatch]) -> tuple[float, float, list[dict]]:
+    """Exact-match accuracy and mean answer NLL of prediction batches, and one record per answer."""
+    rows = []
+    for batch in predictions:
+        columns = (S.sample_ids_to_numpy(batch).tolist(), *(batch.column(c).to_pylist()
+                                                             for c in (S.TEXT, S.ANSWER, S.PREDICTION, S.ANSWER_NLL)))
+        for sid, prompt, answer, pred, nll in zip(*columns):
+            rows.append({"sample_id": sid, "prompt": prompt, "answer": answer, "prediction": pred,
+                         "correct": exact_match(pred, answer), "answer_nll": nll})
+    if not rows:
+        return float("nan"), float("nan"), rows
+    return float(np.mean([r["correct"] for r in rows])), float(np.mean([r["answer_nll"] for r in rows])), rows
+
+
+def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
+        progress: bool | None = None, actors: ActorCache | None = None,
+        on_batch: runner.BatchHook | None = None) -> dict:
+    """Run (or resume) every method (and budget) of `config` over its task stream; returns the metrics written to
+    metrics.json. `actors`: reuse the actors of earlier runs (they are reset); by default they are killed after."""
+    if resume is not None:
+        run_dir = preflight.run_folder(resume, "config.yaml")
+        config = load_config(run_dir / "config.yaml", cls=LMRunConfig)
+    config = config or LMRunConfig()
+    try:  # before Ray starts: a bad config fails at once, with one line
+        specs = run_specs(config)
+        check_lm_name(config.model.name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    own = actors is None
+    actors = actors or ActorCache()
+    try:
+        started = time.perf_counter()
+        tasks = build_stream(config.stream)
+        runner.ensure_ray(config)
+        rt = config.runtime
+        bars = Progress(enabled=rt.progress if progress is None else progress)
+        run_dir = run_dir or runner.new_run_dir(rt.out, f"lm-{config.model.name}-s{config.seed}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume is None:
+            dump_config(config, run_dir / "config.yaml")
+        try:
+            t0 = time.perf_counter()
+            ctx = LMContext(config, tasks, actors)
+            bars.wait([ctx.extraction(t, i) for t in range(len(tasks)) for i in range(len(ctx.train[t]))],
+                      "extract hidden states", "batch")
+            extract_seconds = time.perf_counter() - t0
+            runs = {}
+            for spec in specs:
+                folder = run_dir / "runs" / spec.name.replace("@", "_")
+                if resume is not None and (folder / "metrics.json").is_file():
+                    runs[spec.name] = json.loads((folder / "metrics.json").read_text())
+                    continue
+                folder.mkdir(parents=True, exist_ok=True)
+                runs[spec.name] = runner.stream(LMPipeline(ctx, spec), folder, resume is not None, rt, bars,
+                                                {"dataset": ctx.info.name, "seed": config.seed},
+                                                started=time.perf_counter(), on_batch=on_batch)
+        except KeyboardInterrupt:
+            raise RunInterrupted(run_dir, command="memcl lm") from None
+        predictions = [p for r in runs.values() for e in r["round_log"] for p in e["predictions"]]
+        metrics = {
+            "model": {**ctx.model, "spec": config.model.name}, "seed": config.seed,
+            "tasks": [t.name for t in tasks], "answers": {t.name: list(t.answers) for t in tasks},
+            "runs": {name: _run_entry(r) for name, r in runs.items()},
+            "wall_seconds": {"total": time.perf_counter() - started, "extract": extract_seconds},
+        }
+        write_lm_run(run_dir, metrics, predictions)
+        metrics["run_dir"] = str(run_dir)
+        return metrics
+    finally:
+        if own:
+            actors.close()
+
+
+def _run_entry(metrics: dict) -> dict:
+    """One run's entry in the `memcl lm` metrics: its results without the answers (those go to predictions.jsonl)."""
+    keep = ("method", "budget_bytes", "acc_matrix", "op", "bwt", "a_mean", "forgetting", "nll_matrix",
+            "final_answer_nll", "memory_bytes", "log", "samples", "recoveries", "wall_seconds", "actor_busy_seconds")
+    return {k: metrics[k] for k in keep}
+
+
+def write_lm_run(run_dir: Path, metrics: dict, predictions: list[dict]) -> None:
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float))
+    with open(run_dir / "predictions.jsonl", "w") as f:
+        for row in predictions:
+            f.write(json.dumps(row) + "\n")
+    render_lm(run_dir, metrics)
+
+
+def render_lm(run_dir: Path, metrics: dict) -> None:
+    """results.csv, the accuracy matrix files of every run and the OP/BWT chart, from a metrics dict."""
+    with open(run_dir / "results.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["run", "method", "budget_bytes", "op", "bwt", "a_mean", "final_answer_nll", "memory_bytes",
+                         "seconds"])
+        for name, r in metrics["runs"].items():
+            a_mean = "" if r["a_mean"] is None else f"{r['a_mean']:.4f}"
+            writer.writerow([name, r["method"], r["budget_bytes"] or "", f"{r['op']:.4f}", f"{r['bwt']:.4f}", a_mean,
+                             f"{r['final_answer_nll']:.3f}", sum(r["memory_bytes"].values()),
+                             f"{r['wall_seconds']['total']:.1f}"])
+    for name, r in metrics["runs"].items():
+        view = {"acc_matrix": r["acc_matrix"], "visits": list(range(len(metrics["tasks"]))), "method": name,
+                "dataset": "+".join(metrics["tasks"]), "seed": metrics["seed"]}
+        report.write_matrix(run_dir, view, prefix=f"{name.replace('@', '_')}_")
+    _op_bwt_chart(metrics, run_dir / "op_bwt.png")
+
+
+def _op_bwt_chart(metrics: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt  # report.py selected the Agg backend
+
+    names = list(metrics["runs"])
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(names), 3.5))
+    ax.bar(x - 0.2, [100 * metrics["runs"][n]["op"] for n in names], 0.4, label="OP")
+    ax.bar(x + 0.2, [100 * metrics["runs"][n]["bwt"] for n in names], 0.4, label="BWT")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, names, rotation=20, fontsize=8)
+    ax.set_ylabel("percent")
+    ax.set_title(f"{metrics['model']['spec']}: {len(metrics['tasks'])} tasks (seed {metrics['seed']})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_table(metrics: dict) -> str:
+    tasks = metrics["tasks"]
+    head = (f"{'run':<16} {'OP':>6} {'BWT':>7} {'NLL':>6}  " + " ".join(f"{t[:12]:>12}" for t in tasks)
+            + "   memory bytes")
+    lines = [f"{metrics['model']['spec']} (hidden {metrics['model']['hidden']}, key layer "
+             f"{metrics['model']['key_layer']}), seed {metrics['seed']}; OP, BWT and final accuracy per task in %, "
+             "NLL: mean teacher-forced NLL of the reference answers after the last task", "", head,
+             "-" * len(head)]
+    for name, r in metrics["runs"].items():
+        final = r["acc_matrix"][-1]
+        cells = " ".join(f"{100 * v:12.1f}" for v in final)
+        mem = ", ".join(f"{k} {v:,}" for k, v in r["memory_bytes"].items()) or "-"
+        scores = f"{100 * r['op']:6.1f} {100 * r['bwt']:7.1f} {r['final_answer_nll']:6.2f}"
+        lines.append(f"{name:<16} {scores}  {cells}   {mem}")
+    lines.append(f"\nwall seconds: {metrics['wall_seconds']['total']:.0f} total, "
+                 f"{metrics['wall_seconds']['extract']:.0f} extraction; per run: "
+                 + ", ".join(f"{n} {r['wall_seconds']['total']:.0f}" for n, r in metrics["runs"].items()))
+    return "\n".join(lines)

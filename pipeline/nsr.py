@@ -1,0 +1,181 @@
+"""The pipeline of the "nsr" family: LoRA adapters trained *inside* the frozen encoder on raw batches, so no
+feature cache. Per visit of a task (one round):
+
+    source.train_batch ──> trainer.key (first rows, LoRA off) ──> memory.arrive      (allocation "bank")
+                       └─> trainer.begin_task(plan) ─> trainer.train(batch) … ─> trainer.end_task
+                                                                          └─> memory.store_task(snapshot)
+    then every seen task is evaluated: with its bank entry (or the active capacity for the memoryless
+    allocations and for evicted tasks).
+
+Allocations (docs/methods.md, "NSR"): "bank" is NSR's similarity rule; "fresh" and "keep" (methods nsr-fresh,
+nsr-keep) the memoryless rules. For a returning task the trainer tracks accuracy after the arrival decision and
+after every step until it is back within `recovery_tolerance` of its previous best (the best accuracy measured
+while it was the active task, read from the round log).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from actors.adapter_trainer import AdapterTrainer
+from actors.memory_manager import MemoryManager, Stores
+from memcl_ops.data.sources import StreamInfo
+from memcl_ops.methods import method_spec
+from memcl_ops.nsr.adapter import ArrivalPlan
+from pipeline import checkpoint
+from pipeline.actor_cache import ActorCache
+from pipeline.config import RunConfig
+from pipeline.progress import InFlight, Reports
+from pipeline.runner import BatchHook, Roles, Round, RoundOutcome, RunState, plan_rounds
+
+
+class NSRPipeline:
+    def __init__(self, config: RunConfig, info: StreamInfo, actors: ActorCache) -> None:
+        self.config, self.info = config, info
+        self.nsr = method_spec(config.method.name).resolve(config.method).nsr
+        if info.payload not in ("text", "image"):
+            raise ValueError(f"NSR trains LoRA inside the encoder, so it needs raw text or image batches; the stream "
+                             f"{info.name!r} carries {info.payload!r}")
+        enc, rt = config.encoder, config.runtime
+        gpus = enc.num_gpus
+        if gpus == "auto":
+            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+        n_way = max(len(c) for c in info.task_classes)
+        trainer = actors.get("adapter_trainer", AdapterTrainer,
+                             {"num_cpus": enc.num_cpus, "num_gpus": gpus, "max_restarts": rt.max_restarts},
+                             enc.spec, info.payload, self.nsr, n_way, config.seed, enc.threads)
+        self.trainer_info = ray.get(trainer.info.remote())
+        names = ["source", "adapter_trainer"]
+        self.banks = self.nsr.allocation == "bank"  # the memoryless rules keep nothing beyond the active capacity
+        if self.banks:
+            actors.get("memory", MemoryManager, {"num_cpus": 0, "max_restarts": rt.max_restarts},
+                       self.trainer_info["dim"], Stores(bank=self.nsr.bank), config.seed, rt.actor_threads)
+            names.append("memory")
+        self.roles = Roles(actors, names)
+
+    def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
+        if role in ("source", "memory"):
+            return self.roles.handle(role)
+        if role == "trainer":
+            return self.roles.handle("adapter_trainer")
+        raise AttributeError(role)
+
+    def plan(self) -> list[Round]:
+        return plan_rounds(self.info, task_free=False, every=0)
+
+    def test_refs(self, task: int, after_visit: int, letters: list) -> list[ray.ObjectRef]:
+        refs = []
+        for k in range(self.info.test_batches[task]):
+            batch, refused = self.source.test_batch.remote(task, k, after_visit)
+            refs.append(batch)
+            letters.append(refused)
+        return refs
+
+    def stream_round(self, batches: Round, state: RunState, reports: Reports, on_batch: BatchHook | None
+                     ) -> RoundOutcome:
+        """Stream one visit: arrival decision, training, compression and storage, evaluation of the seen tasks."""
+        info, nsr, rt, bars = self.info, self.nsr, self.config.runtime, reports.progress
+        v = batches[0][0]
+        task, n = info.visits[v], len(batches)
+        letters: list[ray.ObjectRef] = []
+        t0 = time.perf_counter()
+        pending: deque = deque()
+
+        def submit(i: int) -> None:
+            batch, refused = self.source.train_batch.remote(v, i)
+            pending.append(batch)
+            letters.append(refused)
+            if on_batch is not None:
+                on_batch(v, i)
+
+        probe_batches = min(n, -(-nsr.probe_size // self.config.stream.batch_size))
+        for i in range(probe_batches):
+            submit(i)
+        key = None
+        if self.banks:
+            key = self.trainer.key.remote(*pending)
+            plan = self.memory.arrive.remote(key, nsr.lora.rank)
+        else:
+            plan = ray.put(ArrivalPlan("fresh" if nsr.allocation == "fresh" else "keep"))
+        returning = task in state.seen_tasks
+        tests = self.test_refs(task, v, letters)
+        ray.get(self.trainer.begin_task.remote(info.task_classes[task], plan,
+                                               previous_best(state.round_log, task) if returning else None, *tests))
+        what = f"task {task + 1}/{len(info.task_classes)} (visit {v + 1}/{len(info.visits)})"
+        in_flight = InFlight(rt.max_in_flight, bars.bar(f"{what} nsr[{nsr.allocation}]", n))
+        for i in range(n):
+            if i >= probe_batches:
+                submit(i)
+            in_flight.add(self.trainer.train.remote(pending.popleft()))
+        in_flight.drain()
+        t_train = time.perf_counter()
+        ended = bars.wait([self.trainer.end_task.remote(self.banks, *tests)], f"{what} compress and test", "call",
+                          leave=False)[0]
+        if self.banks:
+            ended["evicted"] = ray.get(self.memory.store_task.remote(task, key, self.trainer.snapshot.remote(),
+                                                                     ended["acc_stored"]))
+        seen = state.seen_tasks + ([] if returning else [task])
+        accuracy = self.evaluate(seen, task, ended, v, letters, what, bars)
+        refused = [t for t in ray.get(letters) if t.num_rows]
+        arrival = ray.get(plan)
+        ended.update(visit=v, task=task, arrival=arrival.kind,
+                     retrieval=vars(arrival.retrieval) if arrival.retrieval else None)
+        bars.note(f"after visit {v + 1}: {arrival.kind} start, accuracy {accuracy}")
+        return RoundOutcome(accuracy, seen, [v], n, pa.concat_tables(refused) if refused else None,
+                            {"stream": t_train - t0, "evaluate": time.perf_counter() - t_train}, ended)
+
+    def evaluate(self, seen: list[int], active: int, ended: dict, v: int, letters: list, what: str, bars
+                 ) -> dict[int, float]:
+        """Each seen task through its bank entry (bank allocation; the active capacity for an evicted task), or
+        through the active capacity (memoryless allocations: one task solution held at a time)."""
+        refs = {}
+        for t in sorted(seen):
+            if t == active:
+                continue
+            entry = self.memory.bank_entry.remote(t) if self.banks else None
+            refs[t] = self.trainer.evaluate_entry.remote(entry, self.info.task_classes[t],
+                                                         *self.test_refs(t, v, letters))
+        scores = bars.wait(list(refs.values()), f"{what} evaluate", "task", leave=False)
+        accuracy = {t: float(a) for t, a in zip(refs, scores)}
+        accuracy[active] = ended["acc_stored"] if self.banks else ended["acc_live"]
+        return dict(sorted(accuracy.items()))
+
+    def revive(self, parts: dict[str, checkpoint.State]) -> None:
+        self.roles.revive()
+        self.roles.restore(parts)
+
+    def memory_report(self) -> dict[str, int]:
+        return ray.get(self.memory.memory_report.remote()) if self.banks else {}
+
+    def learned_ids(self) -> np.ndarray:
+        return ray.get(self.trainer.learned_ids.remote())
+
+    def finish(self, state: RunState) -> dict:
+        return {"allocation": self.nsr.allocation, "adapter": self.trainer_info,
+                "recovery": recovery_summary(state.round_log),
+                "bank": ray.get(self.memory.bank_summary.remote()) if self.banks else None}
+
+
+def previous_best(round_log: list[dict], task: int) -> float:
+    """The best accuracy of `task` measured while it was the active task (after its visits' training and along
+    their recovery curves)."""
+    measured = [a for e in round_log if e["task"] == task
+                for a in [e["acc_live"], *[a for _, a in (e["recovery"] or {}).get("curve", [])]]]
+    return max([0.0, *measured])
+
+
+def recovery_summary(round_log: list[dict]) -> dict:
+    """Steps to recover per returning visit; a visit whose task never got back within the tracked steps counts
+    as censored (its steps are a lower bound: the number of steps tracked)."""
+    rows = [(e["visit"], e["task"], e["recovery"]) for e in round_log if e.get("recovery")]
+    steps = [r["recovered_at"] if not r["censored"] else r["curve"][-1][0] for _, _, r in rows]
+    return {"returning_visits": [{"visit": v, "task": t, "steps": s, "censored": r["censored"],
+                                  "previous_best": r["previous_best"], "start_accuracy": r["curve"][0][1]}
+                                 for (v, t, r), s in zip(rows, steps)],
+            "mean_steps": float(np.mean(steps)) if steps else None,
+            "censored": sum(r["censored"] for _, _, r in rows)}
