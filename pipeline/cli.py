@@ -133,7 +133,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.what == "methods":
         from memcl_ops.methods import METHODS
 
-        rows = [(name, spec.role, spec.summary) for name, spec in METHODS.items()]
+        rows = [(name, f"{spec.family} {spec.role}", f"{spec.summary} [{', '.join(sorted(spec.tags))}]")
+                for name, spec in METHODS.items()]
     elif args.what == "datasets":
         from memcl_ops.data.datasets import DATASETS, missing_parts
 

@@ -55,5 +55,6 @@ def run_folder(path: str | Path, needs: str) -> Path:
     folder = Path(path)
     if not (folder / needs).is_file():
         what = "no such folder" if not folder.exists() else f"no {needs} in it"
-        raise ConfigError(f"{path}: {what}; expected a run folder written by `memcl run` (runs/<time>-<method>-...)")
+        raise ConfigError(f"{path}: {what}; expected a run folder written by `memcl run` or `memcl lm` "
+                          "(runs/<time>-...)")
     return folder
