@@ -187,30 +187,29 @@ class LMPipeline:
     def learn(self, task: int, on_batch: runner.BatchHook | None, bars: Progress) -> dict:
         """Absorb one task's training pairs, batch by batch; returns what the method reports about it."""
         ctx, method = self.ctx, self.spec.method
-        bar = bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(ctx.train[task]), leave=False)
-        in_flight = InFlight(ctx.config.runtime.max_in_flight, bar)
-        calls = []
-        for i, pairs in enumerate(ctx.train[task] if method != "lora" else []):
-            if method == "miita":
-                calls.append(self.roles.handle("memory").write_prototypes.remote(ctx.extraction(task, i)))
-            elif method == "replay":
-                calls.append(self.roles.handle("memory").write_replay.remote(pairs, ctx.extraction(task, i)))
-            if on_batch is not None:
-                on_batch(task, i)
-            if calls:
-                in_flight.add(calls[-1])
-        in_flight.drain()
-        if method == "miita":
-            outcomes = ray.get(calls)
-            return {k: sum(o[k] for o in outcomes) for k in outcomes[0]}
-        if method == "replay":
-            return {"stored": ray.get(calls[-1])}
-        if method == "lora":
+        if method == "lora":  # LoRA epochs over the whole task: one call
             trained = self.roles.handle("lm_trainer").train.remote(*ctx.train[task])
             if on_batch is not None:
                 on_batch(task, 0)
             return {"epoch_losses": ray.get(trained)}
-        return {}
+        if method == "base":
+            return {}
+        memory = self.roles.handle("memory")
+        in_flight = InFlight(ctx.config.runtime.max_in_flight,
+                             bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(ctx.train[task])))
+        calls = []
+        for i, pairs in enumerate(ctx.train[task]):
+            extracted = ctx.extraction(task, i)
+            calls.append(memory.write_prototypes.remote(extracted) if method == "miita"
+                         else memory.write_replay.remote(pairs, extracted))
+            if on_batch is not None:
+                on_batch(task, i)
+            in_flight.add(calls[-1])
+        in_flight.drain()
+        outcomes = ray.get(calls)
+        if method == "miita":
+            return {k: sum(o[k] for o in outcomes) for k in outcomes[0]}
+        return {"stored": outcomes[-1]}
 
     def answer(self, task: int) -> list[ray.ObjectRef]:
         """Prediction batches for one task's test pairs under the method's current state."""
