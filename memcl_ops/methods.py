@@ -206,3 +206,25 @@ def lm_method(name: str) -> MethodSpec:
     if spec.family != "lm":
         raise ValueError(f"{name!r} is not an LM method; known: {family_methods('lm')}")
     return spec
+
+
+def build_learner(name: str, config: MethodConfig | LMMethodConfig, seed: int = 0, **context: object):
+    """The in-process `StreamLearner` (memcl_ops/learner.py) of a registered method. `context` per family:
+    "features": feature_dim; "nsr": encoder (an EncoderSpec), payload, n_way; "lm": lm (an LMSpec), budget (the
+    byte budget of a "byte-budget" method), max_new_tokens."""
+    spec = method_spec(name)
+    if spec.family == "features":
+        from memcl_ops.feature_learner import FeatureLearner
+
+        return FeatureLearner(spec, config, seed=seed, **context)
+    if spec.family == "nsr":
+        from memcl_ops.nsr.learner import NSRLearner
+
+        return NSRLearner(spec, config, seed=seed, **context)
+    if name == "miita":
+        from memcl_ops.miita.learner import MIITALearner
+
+        return MIITALearner(spec, config, seed=seed, **context)
+    from memcl_ops.baselines.lm_learners import LM_BASELINES
+
+    return LM_BASELINES[name](spec, config, seed=seed, **context)
