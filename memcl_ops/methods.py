@@ -20,7 +20,7 @@ from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticLearner
 from memcl_ops.baselines.heads import DERppConfig, DERppHead, EWCConfig, EWCHead, JointHead, NearestMeanHead
 from memcl_ops.baselines.lm_finetune import FinetuneConfig
 from memcl_ops.baselines.text_replay import ReplayConfig
-from memcl_ops.learner import HeadLearner
+from memcl_ops.learner import HeadLearner, StreamLearner
 from memcl_ops.mars.dcda import Stage1Config, Stage2Config
 from memcl_ops.mars.head import DistillHead
 from memcl_ops.mars.router import RouterConfig, SlotRouter
@@ -208,10 +208,11 @@ def lm_method(name: str) -> MethodSpec:
     return spec
 
 
-def build_learner(name: str, config: MethodConfig | LMMethodConfig, seed: int = 0, **context: object):
+def build_learner(name: str, config: MethodConfig | LMMethodConfig, seed: int = 0, **context: object) -> StreamLearner:
     """The in-process `StreamLearner` (memcl_ops/learner.py) of a registered method. `context` per family:
     "features": feature_dim; "nsr": encoder (an EncoderSpec), payload, n_way; "lm": lm (an LMSpec), budget (the
-    byte budget of a "byte-budget" method), max_new_tokens."""
+    byte budget of a "byte-budget" method), max_new_tokens. (The learners import this module, hence the local
+    imports.)"""
     spec = method_spec(name)
     if spec.family == "features":
         from memcl_ops.feature_learner import FeatureLearner
