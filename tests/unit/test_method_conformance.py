@@ -117,9 +117,11 @@ def case(name: str, request: pytest.FixtureRequest):
         encoder = EncoderSpec(name=f"hf:{request.getfixturevalue('tiny_bert')}", max_length=16, device="cpu")
         return (functools.partial(build_learner, name, NSR_CONFIG, encoder=encoder, payload=S.TEXT,
                                   n_way=NSR_CLASSES), nsr_stream())
-    budget = {"budget": 512} if "byte-budget" in method_spec(name).tags else {}
-    return (functools.partial(build_learner, name, LM_CONFIG, lm=LMSpec(name="tiny:llama"), max_new_tokens=3,
-                              **budget), lm_stream())
+    if family == "lm":
+        budget = {"budget": 512} if "byte-budget" in method_spec(name).tags else {}
+        return (functools.partial(build_learner, name, LM_CONFIG, lm=LMSpec(name="tiny:llama"), max_new_tokens=3,
+                                  **budget), lm_stream())
+    raise ValueError(f"no tiny stream for the family {family!r} of {name!r}: add one here")
 
 
 @pytest.mark.parametrize("name", list(METHODS))
