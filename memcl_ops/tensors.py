@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -21,3 +23,25 @@ def layer_norm(h: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
 
 def state_nbytes(state: dict[str, np.ndarray]) -> int:
     return int(sum(np.asarray(v).nbytes for v in state.values()))
+
+
+def array_bytes(state: dict[str, np.ndarray]) -> int:
+    """Bytes of the non-scalar arrays of a state, text counted as UTF-8 (as text replay meters it): what a
+    learner's `memory_bytes` must add up to (0-d values are bookkeeping: counters, settings)."""
+    arrays = [np.asarray(v) for v in state.values()]
+    return int(sum(sum(len(s.encode()) for s in a.ravel().tolist()) if a.dtype.kind == "U" else a.nbytes
+                   for a in arrays if a.ndim > 0))
+
+
+def parameter_bytes(parameters: Iterable[torch.Tensor]) -> int:
+    return int(sum(p.numel() * p.element_size() for p in parameters))
+
+
+def prefixed(prefix: str, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A part's state under `prefix.` in a composed state."""
+    return {f"{prefix}.{k}": v for k, v in state.items()}
+
+
+def state_part(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The inverse of `prefixed`."""
+    return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}

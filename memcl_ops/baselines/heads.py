@@ -26,15 +26,7 @@ import torch.nn.functional as F
 from memcl_ops.mars.dcda import Stage2Config, apply_memory, train_stage2
 from memcl_ops.mars.router import SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
-from memcl_ops.tensors import normalize
-
-
-def _prefixed(prefix: str, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {f"{prefix}.{k}": v for k, v in state.items()}
-
-
-def _part(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
+from memcl_ops.tensors import normalize, prefixed, state_part
 
 
 def _pad_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
@@ -137,16 +129,16 @@ class EWCHead(_TrainedLinearHead):
         self.pending, self.pending_count = {}, 0
 
     def state(self) -> dict[str, np.ndarray]:
-        out = _prefixed("head", self.head.state())
+        out = prefixed("head", self.head.state())
         for prefix, tensors in (("fisher", self.fisher), ("anchor", self.anchor), ("pending", self.pending)):
             out.update({f"{prefix}.{k}": v.numpy().copy() for k, v in tensors.items()})
         out.update(fits=np.array(self.fits), pending_count=np.array(self.pending_count))
         return out
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.head.load_state(_part(state, "head"))
+        self.head.load_state(state_part(state, "head"))
         self.fisher, self.anchor, self.pending = (
-            {k: torch.as_tensor(np.array(v)) for k, v in _part(state, prefix).items()}
+            {k: torch.as_tensor(np.array(v)) for k, v in state_part(state, prefix).items()}
             for prefix in ("fisher", "anchor", "pending"))
         self.fits, self.pending_count = int(state["fits"]), int(state["pending_count"])
 
@@ -273,12 +265,12 @@ class DERppHead(_TrainedLinearHead):
         return losses
 
     def state(self) -> dict[str, np.ndarray]:
-        return {**_prefixed("head", self.head.state()), **_prefixed("buffer", self.buffer.state()),
+        return {**prefixed("head", self.head.state()), **prefixed("buffer", self.buffer.state()),
                 "fits": np.array(self.fits)}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.head.load_state(_part(state, "head"))
-        self.buffer.restore(_part(state, "buffer"))
+        self.head.load_state(state_part(state, "head"))
+        self.buffer.restore(state_part(state, "buffer"))
         self.fits = int(state["fits"])
 
     def memory_bytes(self) -> dict[str, int]:
@@ -353,11 +345,11 @@ class JointHead(_TrainedLinearHead):
         return self._train(x, y, memory)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {**_prefixed("head", self.head.state()), "features": self.features.copy(),
+        return {**prefixed("head", self.head.state()), "features": self.features.copy(),
                 "labels": self.labels.copy(), "fits": np.array(self.fits)}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.head.load_state(_part(state, "head"))
+        self.head.load_state(state_part(state, "head"))
         self.features = np.array(state["features"], np.float32)
         self.labels = np.array(state["labels"], np.int64)
         self.fits = int(state["fits"])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,9 @@ import torch.nn.functional as F
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.tensors import normalize
+
+if TYPE_CHECKING:
+    from memcl_ops.models.causal_lm import CausalLM
 
 STORAGE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 COUNT_BYTES = 4  # b_n: n_j is an int32
@@ -363,3 +366,11 @@ def write_directions(memory: DirectionMemory, extracted: pa.RecordBatch) -> dict
         outcome[result.action] += 1
         outcome["repairs"] += result.repairs
     return outcome
+
+
+def extract_directions(lm: CausalLM, pairs: pa.RecordBatch) -> pa.RecordBatch:
+    """Teacher-forced (k_m, R_m, ‖R_m‖) of every pair of a text-pair batch, no autograd."""
+    prompts, answers = S.text_pairs(pairs)
+    out = lm.teacher_forced(prompts, answers)
+    return S.direction_batch(S.sample_ids_to_numpy(pairs), out.keys.numpy(), out.corrections.numpy(),
+                             out.corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID), encoder=lm.spec.name)

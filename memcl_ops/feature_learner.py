@@ -1,0 +1,112 @@
+"""`FeatureLearner`: a "features" method (memcl_ops/methods.py) as one in-process `StreamLearner`, its roles
+composed the way pipeline/runner.py drives the actors that host them (docs/architecture.md):
+
+* per observed feature batch: route through the memory, fold it into the anchor statistics, SGSE observes the
+  routing and its expansions add slots (up to `sgse.max_slots`) before the next batch is routed;
+* at `consolidate`: DCDA stage 1 on the round's labelled rows, then the head learner's fit and end_task on a
+  frozen copy of the memory (the copy the head is later evaluated through, as the Stage2Trainer keeps one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from memcl_ops.arrow import schema as S
+from memcl_ops.learner import Round
+from memcl_ops.mars.dcda import train_stage1
+from memcl_ops.mars.router import SlotRouter
+from memcl_ops.mars.sgse import NoveltyMonitor
+from memcl_ops.methods import MethodConfig, MethodSpec, build_head, build_memory
+from memcl_ops.tensors import array_bytes, prefixed, state_part
+
+
+def labelled_rows(batches: list[pa.RecordBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, labels) of the labelled rows of `batches`, in stream order."""
+    if not batches:
+        return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)
+    labels = np.concatenate([S.labels_to_numpy(b) for b in batches])
+    keep = labels >= 0
+    features = np.concatenate([S.features_to_numpy(b) for b in batches])[keep]
+    return torch.from_numpy(features), torch.from_numpy(labels[keep])
+
+
+class FeatureLearner:
+    def __init__(self, spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int = 0):
+        self.spec, self.config, self.tags = spec, spec.resolve(config), spec.tags
+        self.feature_dim, self.seed = feature_dim, seed
+        self.memory = build_memory(spec, self.config, feature_dim, seed)
+        self.monitor = NoveltyMonitor(self.config.sgse) if spec.sgse else None
+        self.head = build_head(spec, self.config, feature_dim, seed)
+        self.trained: SlotRouter | None = None  # the memory as of the last consolidation, what the head reads
+        self.block: list[pa.RecordBatch] = []  # the round's batches, learned at `consolidate`
+        self.consolidations = 0  # seeds stage 1 (the Stage1Trainer's round counter)
+
+    def begin_round(self, round: Round) -> None:
+        del round  # the roles need no boundary: a round is whatever lies between two consolidations
+
+    @torch.no_grad()
+    def observe(self, batch: pa.RecordBatch) -> None:
+        if self.memory is not None:
+            h = S.features_to_torch(batch)
+            query, probs = self.memory.route(h)
+            self.memory.update_anchor_stats(h, probs)
+            if self.monitor is not None:
+                frozen = S.features_to_numpy(batch) if self.monitor.needs_features else None
+                for expansion in self.monitor.observe(probs.max(dim=1).values.numpy(), query.numpy(), frozen):
+                    if self.memory.num_slots < self.config.sgse.max_slots:
+                        self.memory.add_slot(expansion.key)
+        self.block.append(batch)
+
+    def consolidate(self) -> dict[str, object]:
+        x, y = labelled_rows(self.block)
+        self.block = []
+        if self.spec.stage1 and len(y):
+            train_stage1(self.memory, x, y, self.config.stage1, seed=self.seed * 100_003 + self.consolidations)
+        self.consolidations += 1
+        self._freeze_memory()
+        out = self.head.fit(x, y, self.trained) if len(y) else {}
+        self.head.end_task(self.trained)
+        return out
+
+    def _freeze_memory(self) -> None:
+        if self.memory is not None:
+            self.trained = SlotRouter(self.feature_dim, self.config.router)
+            self.trained.load_state(self.memory.state())
+            self.trained.requires_grad_(False)
+
+    def predict(self, batch: pa.RecordBatch) -> np.ndarray:
+        return self.head.predict(S.features_to_torch(batch), self.trained)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Between rounds (the runner checkpoints there): the frozen copy then equals the memory."""
+        if self.block:
+            raise RuntimeError("state() is taken between rounds, after consolidate")
+        out = {**prefixed("head", self.head.state()), "consolidations": np.array(self.consolidations)}
+        if self.memory is not None:
+            out.update(prefixed("memory", self.memory.state()))
+        if self.monitor is not None:
+            out.update(prefixed("monitor", self.monitor.state()))
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.head.restore(state_part(state, "head"))
+        self.consolidations = int(state["consolidations"])
+        self.block, self.trained = [], None
+        if self.memory is not None:
+            self.memory.load_state(state_part(state, "memory"))
+            if self.consolidations:
+                self._freeze_memory()
+        if self.monitor is not None:
+            self.monitor.restore(state_part(state, "monitor"))
+
+    def memory_bytes(self) -> dict[str, int]:
+        """The head's parts, the slots, and the monitor's whole state: SGSE's own `nbytes` (the pipeline's
+        "monitor" figure) counts only its signal, not the open block of queries and the test log it carries."""
+        out = {f"head.{k}": v for k, v in self.head.memory_bytes().items()}
+        if self.memory is not None:
+            out["slots"] = self.memory.nbytes()
+        if self.monitor is not None:
+            out["monitor"] = array_bytes(self.monitor.state())
+        return out
