@@ -15,7 +15,7 @@ import torch
 from actors.clock import StageClock
 from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.schema import with_predictions
-from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
+from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig, extract_directions
 from memcl_ops.models.causal_lm import LMSpec, load_lm
 
 
@@ -39,11 +39,7 @@ class LMEncoder:
     def extract(self, pairs: pa.RecordBatch) -> pa.RecordBatch:
         """Teacher-forced (k_m, R_m, ‖R_m‖) per pair (docs/methods.md, "MIITA"), no autograd."""
         with self.clock.time("extract"):
-            prompts, answers = S.text_pairs(pairs)
-            out = self.lm.teacher_forced(prompts, answers)
-            return S.direction_batch(S.sample_ids_to_numpy(pairs), out.keys.numpy(), out.corrections.numpy(),
-                                     out.corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID),
-                                     encoder=self.spec.name)
+            return extract_directions(self.lm, pairs)
 
     def query_keys(self, pairs: pa.RecordBatch) -> np.ndarray:
         """k_q of each prompt alone (retrieval of replayed examples)."""

@@ -1,8 +1,9 @@
 """`FeatureLearner`: a "features" method (memcl_ops/methods.py) as one in-process `StreamLearner`, its roles
 composed the way pipeline/runner.py drives the actors that host them (docs/architecture.md):
 
-* per observed feature batch: route through the memory, fold it into the anchor statistics, SGSE observes the
-  routing and its expansions add slots (up to `sgse.max_slots`) before the next batch is routed;
+* per observed feature batch: route through the slot memory (memcl_ops/mars/slots.py, the store the MemoryManager
+  actor holds), which folds it into the anchor statistics; SGSE observes the routing and its expansions add slots
+  (up to `sgse.max_slots`) before the next batch is routed;
 * at `consolidate`: DCDA stage 1 on the round's labelled rows, then the head learner's fit and end_task on a
   frozen copy of the memory (the copy the head is later evaluated through, as the Stage2Trainer keeps one).
 """
@@ -18,7 +19,8 @@ from memcl_ops.learner import Round
 from memcl_ops.mars.dcda import train_stage1
 from memcl_ops.mars.router import SlotRouter
 from memcl_ops.mars.sgse import NoveltyMonitor
-from memcl_ops.methods import MethodConfig, MethodSpec, build_head, build_memory
+from memcl_ops.mars.slots import SlotMemory
+from memcl_ops.methods import MethodConfig, MethodSpec, build_head
 from memcl_ops.tensors import array_bytes, prefixed, state_part
 
 
@@ -36,7 +38,8 @@ class FeatureLearner:
     def __init__(self, spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int = 0):
         self.spec, self.config, self.tags = spec, spec.resolve(config), spec.tags
         self.feature_dim, self.seed = feature_dim, seed
-        self.memory = build_memory(spec, self.config, feature_dim, seed)
+        self.memory = (SlotMemory(feature_dim, self.config.router, self.config.sgse.max_slots, seed) if spec.memory
+                       else None)
         self.monitor = NoveltyMonitor(self.config.sgse) if spec.sgse else None
         self.head = build_head(spec, self.config, feature_dim, seed)
         self.trained: SlotRouter | None = None  # the memory as of the last consolidation, what the head reads
@@ -49,21 +52,17 @@ class FeatureLearner:
     @torch.no_grad()
     def observe(self, batch: pa.RecordBatch) -> None:
         if self.memory is not None:
-            h = S.features_to_torch(batch)
-            query, probs = self.memory.route(h)
-            self.memory.update_anchor_stats(h, probs)
+            query, probs = self.memory.route(S.features_to_torch(batch))
             if self.monitor is not None:
                 frozen = S.features_to_numpy(batch) if self.monitor.needs_features else None
-                for expansion in self.monitor.observe(probs.max(dim=1).values.numpy(), query.numpy(), frozen):
-                    if self.memory.num_slots < self.config.sgse.max_slots:
-                        self.memory.add_slot(expansion.key)
+                self.memory.expand(self.monitor.observe(probs.max(dim=1).values.numpy(), query.numpy(), frozen))
         self.block.append(batch)
 
     def consolidate(self) -> dict[str, object]:
         x, y = labelled_rows(self.block)
         self.block = []
         if self.spec.stage1 and len(y):
-            train_stage1(self.memory, x, y, self.config.stage1, seed=self.seed * 100_003 + self.consolidations)
+            train_stage1(self.memory.router, x, y, self.config.stage1, seed=self.seed * 100_003 + self.consolidations)
         self.consolidations += 1
         self._freeze_memory()
         out = self.head.fit(x, y, self.trained) if len(y) else {}
@@ -73,7 +72,7 @@ class FeatureLearner:
     def _freeze_memory(self) -> None:
         if self.memory is not None:
             self.trained = SlotRouter(self.feature_dim, self.config.router)
-            self.trained.load_state(self.memory.state())
+            self.trained.load_state(self.memory.router.state())
             self.trained.requires_grad_(False)
 
     def predict(self, batch: pa.RecordBatch) -> np.ndarray:
@@ -95,7 +94,7 @@ class FeatureLearner:
         self.consolidations = int(state["consolidations"])
         self.block, self.trained = [], None
         if self.memory is not None:
-            self.memory.load_state(state_part(state, "memory"))
+            self.memory.restore(state_part(state, "memory"))
             if self.consolidations:
                 self._freeze_memory()
         if self.monitor is not None:
@@ -107,6 +106,7 @@ class FeatureLearner:
         out = {f"head.{k}": v for k, v in self.head.memory_bytes().items()}
         if self.memory is not None:
             out["slots"] = self.memory.nbytes()
+            out["slot_history"] = array_bytes(self.memory.state()) - self.memory.nbytes()  # and its counters
         if self.monitor is not None:
             out["monitor"] = array_bytes(self.monitor.state())
         return out

@@ -23,7 +23,7 @@ from memcl_ops.baselines.text_replay import ReplayConfig
 from memcl_ops.learner import HeadLearner, StreamLearner
 from memcl_ops.mars.dcda import Stage1Config, Stage2Config
 from memcl_ops.mars.head import DistillHead
-from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.mars.router import RouterConfig
 from memcl_ops.mars.sgse import SGSEConfig
 from memcl_ops.miita.directions import AdaptConfig, MemoryConfig
 from memcl_ops.nsr.adapter import NSRConfig
@@ -195,9 +195,6 @@ def method_spec(name: str) -> MethodSpec:
 def build_head(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int) -> HeadLearner:
     return HEADS[spec.head](feature_dim, spec.resolve(config), seed)
 
-
-def build_memory(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int) -> SlotRouter | None:
-    return SlotRouter(feature_dim, config.router, seed=seed) if spec.memory else None
 
 
 def lm_method(name: str) -> MethodSpec:
