@@ -2,6 +2,9 @@
 
 `a[i][j]` is the accuracy on task j's test data after training on task i (0-based, T tasks). Entries
 with j > i (tasks not seen yet) may be NaN; they are used only by FWT.
+
+Task-free runs are evaluated at points that are not task ends (docs/methods.md, "Metrics"): `Summary.over_points`
+reads a P x T matrix whose row p is evaluation point p (NaN for tasks whose data had not arrived yet).
 """
 
 from __future__ import annotations
@@ -72,6 +75,22 @@ class Summary:
     def of(cls, acc: np.ndarray) -> Summary:
         return cls(final_accuracy(acc), average_incremental_accuracy(acc), forgetting(acc),
                    backward_transfer(acc))
+
+    @classmethod
+    def over_points(cls, acc: np.ndarray, learned: list[int]) -> Summary:
+        """The four numbers for a P x T matrix of evaluation points; `learned[j]` is the first point after task j's
+        first visit had ended (its a[j][j] when the points are the task ends, where this equals `of`):
+        A_last = mean of the last row; Ā = mean over points of the mean accuracy on the tasks arrived by then (the
+        online average, accuracy on everything seen so far); F and BWT over the tasks learned before the last
+        point, from their accuracy at and after `learned[j]`."""
+        a = np.asarray(acc, dtype=np.float64)
+        if a.ndim != 2 or not a.size or np.isnan(a[-1]).any():
+            raise ValueError(f"need a non-empty matrix whose last row covers every task, got shape {a.shape}")
+        last = len(a) - 1
+        old = [j for j in range(a.shape[1]) if learned[j] < last]
+        return cls(float(a[-1].mean()), float(np.mean([np.nanmean(row) for row in a if not np.isnan(row).all()])),
+                   float(np.mean([np.nanmax(a[learned[j]:last, j]) - a[last, j] for j in old])) if old else 0.0,
+                   float(np.mean([a[last, j] - a[learned[j], j] for j in old])) if old else 0.0)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)

@@ -50,6 +50,7 @@ class FeaturePipeline:
             info = ray.get(actors.handle("source").describe.remote())
             info.feature_dim = info.feature_dim or self.encoders.dim
         self.info = info
+        self.task_free = config.stream.task_free
         self.inline = self.encoders is not None and not self.features  # no feature cache: encode on the fly
         # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
         self.content_cache = rt.cache_dir if self.inline and rt.cache_dir else None
@@ -92,7 +93,7 @@ class FeaturePipeline:
         raise AttributeError(role)
 
     def plan(self) -> list[Round]:
-        return plan_rounds(self.info, self.config.stream.task_free, self.config.method.consolidate_every)
+        return plan_rounds(self.info, self.task_free, self.config.method.consolidate_every)
 
     def _features(self, batch_ref: ray.ObjectRef, letters: list[ray.ObjectRef], accumulate: bool = False
                   ) -> ray.ObjectRef:
@@ -168,9 +169,15 @@ class FeaturePipeline:
         for v in sorted({v for v, _ in batches}):
             seen += [t for t in ray.get(self.source.visit_tasks.remote(v)) if t not in seen]
         accuracy: dict[int, float] = {}
-        if any(v == len(info.visits) - 1 or (v + 1) % rt.evaluate_every == 0 for v in ended):
+        if self.task_free:  # every evaluate_every-th round is an evaluation point, and the last
+            r = state.next_round
+            due = (r + 1) % rt.evaluate_every == 0 or r == len(self.plan()) - 1
+        else:
+            due = any(v == len(info.visits) - 1 or (v + 1) % rt.evaluate_every == 0 for v in ended)
+        if due:
             recent = seen if rt.evaluate_window is None else seen[-rt.evaluate_window:]
-            accuracy = self.evaluate(sorted(recent), ended[-1], letters)
+            # the test data as of the last visit ended (a drifting stream tests where its classes have moved)
+            accuracy = self.evaluate(sorted(recent), ended[-1] if ended else max(last - 1, 0), letters)
         refused = [t for t in ray.get(letters) if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,

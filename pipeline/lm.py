@@ -176,6 +176,7 @@ class LMPipeline:
             ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, cfg.method.finetune, cfg.seed, rt.threads)
             names.append("lm_trainer")
         self.roles = runner.Roles(ctx.actors, names)
+        self.task_free = False  # one round per task
 
     @property
     def memory_config(self):

@@ -57,6 +57,7 @@ class NSRPipeline:
                        self.trainer_info["dim"], Stores(bank=self.nsr.bank), config.seed, rt.actor_threads)
             names.append("memory")
         self.roles = Roles(actors, names)
+        self.task_free = False  # NSR keys its bank at task arrival
 
     def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
         if role in ("source", "memory"):

@@ -33,11 +33,15 @@ def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
     `visits`, `method`, `dataset` and `seed` entries of a metrics dict."""
     acc = np.array(metrics["acc_matrix"], dtype=float)
     tasks = acc.shape[1] if acc.ndim == 2 else 0
+    free = metrics.get("task_free")
     with open(run_dir / f"{prefix}acc_matrix.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["after_visit", "trained_task", *[f"task{j}" for j in range(tasks)]])
+        writer.writerow([*(("after_round", "visits_ended") if free else ("after_visit", "trained_task")),
+                         *[f"task{j}" for j in range(tasks)]])
         for i, row in enumerate(acc):
-            writer.writerow([i, metrics["visits"][i], *["" if np.isnan(v) else f"{v:.4f}" for v in row]])
+            where = ((metrics["rows"][i]["round"], " ".join(map(str, metrics["rows"][i]["visits_ended"]))) if free
+                     else (i, metrics["visits"][i]))
+            writer.writerow([*where, *["" if np.isnan(v) else f"{v:.4f}" for v in row]])
     if acc.size:  # a run that never evaluated (nothing streamed) has no matrix to plot
         _heatmap(acc, metrics, run_dir / f"{prefix}acc_matrix.png")
         _over_time(acc, metrics, run_dir / f"{prefix}acc_over_time.png")
@@ -56,7 +60,15 @@ def accuracy_axis(ax: plt.Axes, values: np.ndarray) -> None:
 
 
 def _title(metrics: dict) -> str:
-    return f"{metrics['method']} on {metrics['dataset']} (seed {metrics['seed']})"
+    free = ", task-free" if metrics.get("task_free") else ""
+    return f"{metrics['method']} on {metrics['dataset']} (seed {metrics['seed']}{free})"
+
+
+def row_label(metrics: dict, i: int) -> str:
+    """What row i of the accuracy matrix is: the visit it follows (and its task), or the round (task-free)."""
+    if metrics.get("task_free"):
+        return f"round {metrics['rows'][i]['round']}"
+    return f"{i} (t{metrics['visits'][i]})"
 
 
 def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
@@ -67,8 +79,8 @@ def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
             ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
     ax.set_xticks(range(acc.shape[1]), [task_label(metrics, j, "\n") for j in range(acc.shape[1])], fontsize=7)
     ax.set_xlabel("evaluated on task")
-    ax.set_ylabel("after visit (task trained)")
-    ax.set_yticks(range(acc.shape[0]), [f"{i} ({t})" for i, t in enumerate(metrics["visits"])])
+    ax.set_ylabel("after round (task-free)" if metrics.get("task_free") else "after visit (task trained)")
+    ax.set_yticks(range(acc.shape[0]), [row_label(metrics, i) for i in range(acc.shape[0])])
     ax.set_title(_title(metrics), fontsize=9)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
@@ -83,7 +95,7 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
         ax.plot(x, acc[:, j], marker="o", ms=3, label=task_label(metrics, j))
     evaluated = ~np.isnan(acc).all(axis=1)
     ax.plot(x[evaluated], np.nanmean(acc[evaluated], axis=1), "k--", lw=2, label="mean (evaluated)")
-    ax.set_xlabel("visits completed")
+    ax.set_xlabel("evaluation points (rounds)" if metrics.get("task_free") else "visits completed")
     ax.set_ylabel("accuracy")
     accuracy_axis(ax, acc)
     ax.set_title(_title(metrics), fontsize=9)
@@ -140,15 +152,16 @@ def _class_lines(metrics: dict) -> list[str]:
 def summary_table(metrics: dict) -> str:
     acc = np.array(metrics["acc_matrix"], dtype=float)
     lines = [f"{_title(metrics)}", ""]
-    header = "after visit | " + " ".join(f"task{j:<3d}" for j in range(acc.shape[1]))
+    header = f"{'after':<11} | " + " ".join(f"task{j:<3d}" for j in range(acc.shape[1]))
     lines += [header, "-" * len(header)]
     for i, row in enumerate(acc):
         cells = " ".join("   -   " if np.isnan(v) else f"{100 * v:6.1f} " for v in row)
-        lines.append(f"{i:>4d} (t{metrics['visits'][i]:<2d}) | {cells}")
+        lines.append(f"{row_label(metrics, i):<11} | {cells}")
     lines += _class_lines(metrics)
     s = metrics.get("summary") or {}
     if s:
-        lines += ["", f"A_last {100 * s['a_last']:.2f}   Ā {100 * s['a_mean']:.2f}   "
+        mean = "Ā online (all seen, over points)" if metrics.get("task_free") else "Ā"
+        lines += ["", f"A_last {100 * s['a_last']:.2f}   {mean} {100 * s['a_mean']:.2f}   "
                       f"forgetting {100 * s['forgetting']:.2f}   BWT {100 * s['bwt']:.2f}"]
     samples = metrics["samples"]
     lines.append(f"samples streamed {samples['stream']}, learned {samples['learned']} "

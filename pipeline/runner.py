@@ -66,7 +66,8 @@ class RunState:
     """The runner's own checkpointed progress."""
 
     next_round: int = 0
-    acc_rows: list[list[float]] = field(default_factory=list)  # after visit i: accuracy per task (NaN: not evaluated)
+    acc_rows: list[list[float]] = field(default_factory=list)  # accuracy per task (NaN: not evaluated) per row:
+    rows: list[dict] = field(default_factory=list)  # after which visit (task-aware) or round (task-free) a row is
     seen_tasks: list[int] = field(default_factory=list)  # in order of first training
     round_log: list[dict] = field(default_factory=list)
     wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
@@ -125,6 +126,7 @@ class StreamPipeline(Protocol):
 
     info: StreamInfo
     roles: Roles
+    task_free: bool  # one accuracy row per evaluation point (round) instead of one per visit ended
 
     def plan(self) -> list[Round]: ...
 
@@ -182,7 +184,8 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
         ensure_ray(config)
         source = stream_source(config, actors)
         info: StreamInfo = ray.get(source.describe.remote())
-        run_dir = run_dir or new_run_dir(config.runtime.out, f"{spec.name}-{info.name}-s{config.seed}")
+        free = "-taskfree" if config.stream.task_free else ""
+        run_dir = run_dir or new_run_dir(config.runtime.out, f"{spec.name}-{info.name}{free}-s{config.seed}")
         run_dir.mkdir(parents=True, exist_ok=True)
         if resume is None:
             dump_config(config, run_dir / "config.yaml")
@@ -269,9 +272,15 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
     state.seen_tasks = outcome.seen
-    tasks = range(len(pipe.info.task_classes))
-    for _ in outcome.ended:  # one accuracy-matrix row per visit, as evaluated after the round that ended it
-        state.acc_rows.append([outcome.accuracy.get(t, float("nan")) for t in tasks])
+    row = [outcome.accuracy.get(t, float("nan")) for t in range(len(pipe.info.task_classes))]
+    if pipe.task_free:  # a row per evaluation point; a round without evaluation adds none
+        if outcome.accuracy:
+            state.acc_rows.append(row)
+            state.rows.append({"round": r, "visits_ended": outcome.ended})
+    else:  # a row per visit, as evaluated after the round that ended it
+        for v in outcome.ended:
+            state.acc_rows.append(row)
+            state.rows.append({"round": r, "visit": v})
     dead = outcome.dead
     if dead is not None and dead.num_rows:
         (run_dir / "dead_letters").mkdir(exist_ok=True)
@@ -292,19 +301,36 @@ def first_visit_square(acc: np.ndarray, info: StreamInfo) -> np.ndarray:
     return acc[np.ix_(first_rows, list(range(len(first_rows))))] if first_rows else acc
 
 
+def learned_points(state: RunState, info: StreamInfo) -> list[int]:
+    """Per task, the first evaluation point (row) after its first visit had ended (task-free runs)."""
+    ended_in = {v: e["round"] for e in state.round_log for v in e["visits_ended"]}
+    return [next((p for p, row in enumerate(state.rows) if row["round"] >= ended_in[info.visits.index(t)]),
+                 len(state.rows) - 1) for t in range(len(info.task_classes))]
+
+
+def summary(pipe: StreamPipeline, state: RunState, acc: np.ndarray) -> dict:
+    """A_last, Ā, forgetting and BWT (docs/methods.md, "Metrics"), or {} while a needed entry is missing."""
+    if pipe.task_free:
+        complete = acc.size and not np.isnan(acc[-1]).any()
+        return M.Summary.over_points(acc, learned_points(state, pipe.info)).as_dict() if complete else {}
+    square = first_visit_square(acc, pipe.info)
+    complete = square.size and not np.isnan(square[np.tril_indices(len(square))]).any()
+    return M.Summary.of(square).as_dict() if complete else {}
+
+
 def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float) -> dict:
     info = pipe.info
     acc = np.array(state.acc_rows, dtype=np.float64).reshape(len(state.acc_rows), len(info.task_classes))
-    square = first_visit_square(acc, info)
-    complete = square.size and not np.isnan(square[np.tril_indices(len(square))]).any()
     learned = pipe.learned_ids()
     timings = pipe.roles.timings()
     return {
         "dataset": info.name,
         "task_classes": info.task_classes,
         "visits": info.visits,
+        "task_free": pipe.task_free,
         "acc_matrix": acc.tolist(),
-        "summary": M.Summary.of(square).as_dict() if complete else {},
+        "rows": state.rows,
+        "summary": summary(pipe, state, acc),
         "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size and not np.isnan(acc[-1]).all() else None,
         "samples": {"stream": info.num_samples, "learned": len(learned), "unique_learned": len(np.unique(learned)),
                     "refused": sum(state.refused.values()), "refused_by_reason": state.refused},

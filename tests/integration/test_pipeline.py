@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
+from memcl_ops import metrics as metrics_lib
 from pipeline import report, runner
 from pipeline.config import load_config
 from tests.killing import kill_driver_at_checkpoint, memcl
@@ -90,12 +91,20 @@ def test_killed_driver_resumes_to_the_same_accuracy_matrix(actors, tmp_path):
     assert metrics["samples"]["learned"] == metrics["samples"]["unique_learned"] == metrics["samples"]["stream"]
 
 
-def test_task_free_consolidates_every_k_batches_across_boundaries(actors, tmp_path):
-    # 4 tasks x 160 rows in batches of 40: 16 batches; every 3 batches -> 6 rounds, one acc row per task
+def test_task_free_has_a_row_per_evaluation_point_and_says_so(actors, tmp_path):
+    # 4 tasks x 160 rows in batches of 40: 16 batches, 4 per visit; every 3 batches -> 6 rounds, each evaluated
     metrics = runner.run(synthetic(tmp_path, **{"stream.task_free": True, "method.consolidate_every": 3}),
                          actors=actors)
     assert metrics["consolidations"] == 6
     assert [r["batches"] for r in metrics["round_log"]] == [3, 3, 3, 3, 3, 1]
-    acc = np.array(metrics["acc_matrix"])
-    assert acc.shape == (4, 4) and np.nanmean(acc[-1]) > 1 / 8 + 0.3
+    acc = np.array(metrics["acc_matrix"], dtype=float)
+    assert acc.shape == (6, 4) and [row["round"] for row in metrics["rows"]] == list(range(6))  # no copied rows
+    arrived = [(4 * task) // 3 for task in range(4)]  # the round holding each task's first batch
+    assert (np.isnan(acc) == (np.arange(6)[:, None] < np.array(arrived)[None, :])).all()
+    ended = [(4 * task + 3) // 3 for task in range(4)]  # the round in which each visit ends
+    assert [r["visits_ended"] for r in metrics["round_log"]] == [[v for v in range(4) if ended[v] == r]
+                                                                 for r in range(6)]
+    assert metrics["summary"] == metrics_lib.Summary.over_points(acc, ended).as_dict()
+    assert metrics["task_free"] and "taskfree" in Path(metrics["run_dir"]).name
+    assert "task-free" in report.summary_table(metrics) and np.nanmean(acc[-1]) > 1 / 8 + 0.3
     assert metrics["samples"]["learned"] == metrics["samples"]["unique_learned"] == metrics["samples"]["stream"]

@@ -32,3 +32,25 @@ def test_single_task_and_bad_shapes():
 def test_summary():
     s = metrics.Summary.of(ACC)
     assert s.as_dict()["a_last"] == pytest.approx(metrics.final_accuracy(ACC))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_points_at_the_task_ends_give_the_task_aware_summary(seed):
+    """With one evaluation point per task end (task j learned at point j) the task-free summary is the usual one;
+    extra points in between change only the online average Ā, which then averages over them too."""
+    rng = np.random.default_rng(seed)
+    tasks = int(rng.integers(2, 7))
+    acc = np.where(np.tril(np.ones((tasks, tasks))) > 0, rng.uniform(size=(tasks, tasks)), np.nan)
+    at_ends = metrics.Summary.over_points(acc, list(range(tasks)))
+    assert at_ends == metrics.Summary.of(acc)
+    # a point between task ends: what the first k tasks score mid-way through task k's data
+    k = int(rng.integers(1, tasks))
+    mid = np.where(np.arange(tasks) <= k, rng.uniform(size=tasks), np.nan)
+    points = np.insert(acc, k, mid, axis=0)
+    learned = [j if j < k else j + 1 for j in range(tasks)]
+    between = metrics.Summary.over_points(points, learned)
+    assert between.a_last == at_ends.a_last
+    expected_mean = np.mean([np.nanmean(row) for row in points])
+    assert between.a_mean == pytest.approx(expected_mean)
+    assert between.forgetting >= at_ends.forgetting - 1e-12  # one more point a task can have been better at
+    assert between.bwt == pytest.approx(at_ends.bwt)  # still read at each task's own learned point
