@@ -42,6 +42,7 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, TextTask, build_stream, exact_match
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import LMMethodConfig, family_methods, lm_method
+from memcl_ops.miita.directions import MemoryConfig
 from memcl_ops.models.causal_lm import LMSpec, check_lm_name
 from pipeline import checkpoint, preflight, report, runner
 from pipeline.actor_cache import ActorCache
@@ -165,11 +166,9 @@ class LMPipeline:
         cfg, rt = ctx.config, ctx.config.runtime
         options = {"num_cpus": 0, "max_restarts": rt.max_restarts}
         names = ["lm_encoder"]
-        if spec.method == "miita":
-            stores = Stores(prototypes=self.memory_config)
-        elif spec.method == "replay":
-            stores = Stores(replay=replace(cfg.method.replay, budget_bytes=spec.budget))
-        if spec.method in ("miita", "replay"):
+        if spec.method in ("miita", "replay"):  # the budget caps the one store each keeps
+            stores = (Stores(prototypes=self.memory_config) if spec.method == "miita"
+                      else Stores(replay=replace(cfg.method.replay, budget_bytes=spec.budget)))
             ctx.actors.get("memory", MemoryManager, options, ctx.model["hidden"], stores, cfg.seed, 1)
             names.append("memory")
         if spec.method == "lora":
@@ -179,7 +178,7 @@ class LMPipeline:
         self.task_free = False  # one round per task
 
     @property
-    def memory_config(self):
+    def memory_config(self) -> MemoryConfig:
         return replace(self.ctx.config.method.memory, budget_bytes=self.spec.budget)
 
     def plan(self) -> list[runner.Round]:
