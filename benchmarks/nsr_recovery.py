@@ -75,7 +75,7 @@ def row(allocation: str, seed: int, m: dict, seconds: float) -> dict:
         "stored_accuracy": [e["acc_stored"] for e in m["round_log"]],
         "final_accuracy": m["final_accuracy_all_tasks"],
         "acc_matrix": m["acc_matrix"],
-        "bank_bytes": m["memory_bytes"]["bank"],
+        "bank_bytes": m["memory_bytes"].get("bank", 0),  # the memoryless rules keep none
         "bank_entries": len(bank),
         "kept_ranks": sorted({r for e in bank for r in e["ranks"].values()}),
         "own_similarity": own, "other_similarity": other,

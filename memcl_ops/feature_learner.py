@@ -1,5 +1,5 @@
 """`FeatureLearner`: a "features" method (memcl_ops/methods.py) as one in-process `StreamLearner`, its roles
-composed the way pipeline/runner.py drives the actors that host them (docs/architecture.md):
+composed the way pipeline/features.py drives the actors that host them (docs/architecture.md):
 
 * per observed feature batch: route through the slot memory (memcl_ops/mars/slots.py, the store the MemoryManager
   actor holds), which folds it into the anchor statistics; SGSE observes the routing and its expansions add slots

@@ -1,9 +1,9 @@
 """The learner interfaces every method implements.
 
-`StreamLearner` is what a stream asks of a method, in-process (no Ray): the runner's actors host its parts
-(pipeline/runner.py), `memcl_ops/conformance.py` drives it directly. `HeadLearner` is the classifier role inside
-the "features" family (DCDA stage 2, the baselines' heads, the analytic heads).
-"""
+`StreamLearner` is what a stream asks of a method, in-process (no Ray): every registered method implements it
+(`build_learner`) from the same memcl_ops parts the actors host, and `memcl_ops/conformance.py` checks it; the actor
+pipelines that `memcl run` / `memcl lm` drive are checked end to end by tests/integration. `HeadLearner` is the
+classifier role inside the "features" family (DCDA stage 2, the baselines' heads, the analytic heads)."""
 
 from __future__ import annotations
 

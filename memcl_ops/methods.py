@@ -58,7 +58,7 @@ HEADS: dict[str, HeadFactory] = {
 
 
 # Capability tags a method declares (Mammoth's COMPATIBILITY, river's tags); the conformance check
-# (memcl_ops/conformance.py) selects its checks by them, the runner and preflight refuse what a method cannot do.
+# (memcl_ops/conformance.py) selects its checks by them; preflight refuses what a method cannot do.
 TAGS = {
     "task-free": "learns without task boundaries (rounds of K batches)",
     "mergeable": "its learning is a sum of statistics: encoder replicas sum their batches' share, merged exactly",
@@ -67,7 +67,7 @@ TAGS = {
     "byte-budget": "its memory is capped by a byte budget set per run (memcl lm --budgets)",
     "learns-nothing": "keeps no state (the frozen base): restore and byte checks are vacuous",
 }
-FAMILIES = ("features", "nsr", "lm")  # what runs where: pipeline/runner.py builds one pipeline per family
+FAMILIES = ("features", "nsr", "lm")  # what runs where: a pipeline per family (pipeline/features.py, nsr.py, lm.py)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,6 @@ class LMMethodConfig:
     adapt: AdaptConfig = AdaptConfig()
     replay: ReplayConfig = ReplayConfig()
     finetune: FinetuneConfig = FinetuneConfig()
-
 
 
 _NSR_TAGS = frozenset({"trains-backbone"})  # task-aware: the bank is keyed at task arrival
@@ -194,7 +193,6 @@ def method_spec(name: str) -> MethodSpec:
 
 def build_head(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int) -> HeadLearner:
     return HEADS[spec.head](feature_dim, spec.resolve(config), seed)
-
 
 
 def lm_method(name: str) -> MethodSpec:

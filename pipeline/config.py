@@ -55,7 +55,8 @@ class RuntimeConfig:
     max_batch_rows: int | None = 4096  # larger batches are refused at the gate (dead letters)
     max_restarts: int = 2  # Ray restarts of a crashed actor (its state is then restored by the runner)
     max_recoveries: int = 5  # replays of one visit after actor faults before the run gives up
-    evaluate_every: int = 1  # evaluate after every N-th visit (and always after the last)
+    # evaluate after every N-th visit (task-free: every N-th consolidation round), and always after the last
+    evaluate_every: int = 1
     evaluate_window: int | None = None  # evaluate only the N most recently trained tasks (None: all seen)
 
 

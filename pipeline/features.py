@@ -5,11 +5,11 @@ data moves between actors by object reference:
     source.train_batch -> [encoder.encode] -> memory.route -> monitor.observe -> memory.expand
           (gate)              (gate)
 
-Ray runs one caller's calls to one actor in submission order, so each batch is routed by the memory as it
-stood after the previous batch's expansions, and the result is the same for any `max_in_flight`. At the end of
-a round: DCDA stage 1 on the round's block, then the head learner (stage 2) and its task-end snapshot, then
-evaluation after the visits the round ended. Only the roles the method has are started (memcl_ops/methods.py).
-"""
+Ray runs one caller's calls to one actor in submission order, so each batch is routed by the memory as it stood
+after the previous batch's expansions, and the result is the same for any `max_in_flight`. At the end of a round:
+DCDA stage 1 on the round's block, then the head learner (stage 2) and its task-end snapshot, then evaluation after
+the visits the round ended (task-free: at every evaluation point). Only the roles the method has are started
+(memcl_ops/methods.py)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ class FeaturePipeline:
             info.feature_dim = info.feature_dim or self.encoders.dim
         self.info = info
         self.task_free = config.stream.task_free
+        self.rounds = len(self.plan())
         self.inline = self.encoders is not None and not self.features  # no feature cache: encode on the fly
         # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
         self.content_cache = rt.cache_dir if self.inline and rt.cache_dir else None
@@ -143,7 +144,8 @@ class FeaturePipeline:
 
     def stream_round(self, batches: Round, state: RunState, reports: Reports, on_batch: BatchHook | None
                      ) -> RoundOutcome:
-        """Stream one round, consolidate, and evaluate after the visits it ends."""
+        """Stream one round, consolidate, and evaluate after the visits it ends (task-free: if it is an evaluation
+        point)."""
         rt, info = self.config.runtime, self.info
         first, last = batches[0][0], batches[-1][0]
         what = (f"task {info.visits[first] + 1}/{len(info.task_classes)} (visit {first + 1}/{len(info.visits)})"
@@ -171,7 +173,7 @@ class FeaturePipeline:
         accuracy: dict[int, float] = {}
         if self.task_free:  # every evaluate_every-th round is an evaluation point, and the last
             r = state.next_round
-            due = (r + 1) % rt.evaluate_every == 0 or r == len(self.plan()) - 1
+            due = (r + 1) % rt.evaluate_every == 0 or r == self.rounds - 1
         else:
             due = any(v == len(info.visits) - 1 or (v + 1) % rt.evaluate_every == 0 for v in ended)
         if due:

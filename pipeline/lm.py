@@ -358,6 +358,9 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resum
             "tasks": [t.name for t in tasks], "answers": {t.name: list(t.answers) for t in tasks},
             "runs": {name: _run_entry(r) for name, r in runs.items()},
             "wall_seconds": {"total": time.perf_counter() - started, "extract": extract_seconds},
+            # the frozen LM serves every run (its busy time is the whole command's); the others are per run
+            "actor_busy_seconds": {"lm_encoder": ray.get(ctx.encoder.timings.remote()),
+                                   **{name: r["actor_busy_seconds"] for name, r in runs.items()}},
         }
         write_lm_run(run_dir, metrics, predictions)
         metrics["run_dir"] = str(run_dir)
@@ -370,7 +373,7 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resum
 def _run_entry(metrics: dict) -> dict:
     """One run's entry in the `memcl lm` metrics: its results without the answers (those go to predictions.jsonl)."""
     keep = ("method", "budget_bytes", "acc_matrix", "op", "bwt", "a_mean", "forgetting", "nll_matrix",
-            "final_answer_nll", "memory_bytes", "log", "samples", "recoveries", "wall_seconds", "actor_busy_seconds")
+            "final_answer_nll", "memory_bytes", "log", "samples", "recoveries", "wall_seconds")
     return {k: metrics[k] for k in keep}
 
 

@@ -90,12 +90,13 @@ def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
 
 def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    x = np.arange(1, acc.shape[0] + 1)
+    x = (np.array([row["round"] + 1 for row in metrics["rows"]]) if metrics.get("task_free")
+         else np.arange(1, acc.shape[0] + 1))
     for j in range(acc.shape[1]):
         ax.plot(x, acc[:, j], marker="o", ms=3, label=task_label(metrics, j))
     evaluated = ~np.isnan(acc).all(axis=1)
     ax.plot(x[evaluated], np.nanmean(acc[evaluated], axis=1), "k--", lw=2, label="mean (evaluated)")
-    ax.set_xlabel("evaluation points (rounds)" if metrics.get("task_free") else "visits completed")
+    ax.set_xlabel("rounds completed (task-free)" if metrics.get("task_free") else "visits completed")
     ax.set_ylabel("accuracy")
     accuracy_axis(ax, acc)
     ax.set_title(_title(metrics), fontsize=9)

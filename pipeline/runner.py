@@ -2,12 +2,14 @@
 `memcl stress`): a pipeline of actors for the method's family (pipeline/features.py, pipeline/nsr.py,
 pipeline/lm.py) streams one round at a time, and the runner does what every run needs:
 
-* rounds: a visit of a task, or K batches when task-free (`plan_rounds`); bounded calls in flight per round;
+* rounds: a visit of a task, or K batches when task-free (`plan_rounds`), each streamed by the family's pipeline
+  with a bound on the calls in flight;
 * fault replay: if an actor dies mid-round, every actor is brought back (Ray restarts it, or a new one is
   started), all are restored to the state after the previous round and the round is replayed, so each sample
   is learned exactly once and the result equals an uninterrupted run;
-* commit: the accuracy matrix (one row per visit ended), dead letters (`dead_letters/*.parquet`, rows that
-  broke the Arrow contract, with their sample_id), the round log, wall time per phase;
+* commit: the accuracy matrix (a row per visit ended; task-free: per evaluation point), dead letters
+  (`dead_letters/*.parquet`, rows that broke the Arrow contract, with their sample_id), the round log, wall time
+  per phase;
 * atomic checkpoints of every actor and of the run state after each round, and `--resume` from the last one;
 * the run folder: config.yaml, metrics.json and the report files.
 
@@ -35,7 +37,7 @@ from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
 from pipeline import checkpoint, preflight, report
 from pipeline.actor_cache import ActorCache, is_fault
-from pipeline.config import RunConfig, RuntimeConfig, dump_config, load_config
+from pipeline.config import ConfigError, RunConfig, RuntimeConfig, dump_config, load_config
 from pipeline.errors import RunInterrupted
 from pipeline.progress import Progress, Reports
 from pipeline.tracking import TensorBoardLog
@@ -66,8 +68,8 @@ class RunState:
     """The runner's own checkpointed progress."""
 
     next_round: int = 0
-    acc_rows: list[list[float]] = field(default_factory=list)  # accuracy per task (NaN: not evaluated) per row:
-    rows: list[dict] = field(default_factory=list)  # after which visit (task-aware) or round (task-free) a row is
+    acc_rows: list[list[float]] = field(default_factory=list)  # per row: accuracy per task (NaN: not evaluated)
+    rows: list[dict] = field(default_factory=list)  # per row: the visit (task-aware) or round (task-free) it follows
     seen_tasks: list[int] = field(default_factory=list)  # in order of first training
     round_log: list[dict] = field(default_factory=list)
     wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
@@ -88,7 +90,7 @@ class RoundOutcome:
 
     accuracy: dict[int, float]  # per task evaluated after the round
     seen: list[int]  # every task trained so far, in order of first training
-    ended: list[int]  # the visits this round ended (one accuracy-matrix row each)
+    ended: list[int]  # the visits this round ended (with boundaries, one accuracy-matrix row each)
     batches: int
     dead: pa.Table | None  # refused rows (train and test), with their sample_id and reason
     seconds: dict[str, float]  # driver wall time per phase
@@ -226,6 +228,10 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
     ckpt_dir = run_dir / "checkpoints"
     if resumed and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
         path, parts, meta = found
+        unknown = meta.keys() - RunState.__dataclass_fields__.keys()
+        if unknown or parts.keys() - set(pipe.roles.names):
+            raise ConfigError(f"{path}: written by an older memcl (run state {sorted(unknown)}, roles "
+                              f"{sorted(parts)}); it cannot be resumed, start a new run")
         pipe.roles.restore(parts)
         state = RunState(**meta)
         log.info("resumed from %s at round %d", path, state.next_round)
@@ -304,8 +310,9 @@ def first_visit_square(acc: np.ndarray, info: StreamInfo) -> np.ndarray:
 def learned_points(state: RunState, info: StreamInfo) -> list[int]:
     """Per task, the first evaluation point (row) after its first visit had ended (task-free runs)."""
     ended_in = {v: e["round"] for e in state.round_log for v in e["visits_ended"]}
-    return [next((p for p, row in enumerate(state.rows) if row["round"] >= ended_in[info.visits.index(t)]),
-                 len(state.rows) - 1) for t in range(len(info.task_classes))]
+    last = len(state.rows) - 1
+    return [next((p for p, row in enumerate(state.rows) if row["round"] >= ended_in[info.visits.index(t)]), last)
+            if t in info.visits else last for t in range(len(info.task_classes))]
 
 
 def summary(pipe: StreamPipeline, state: RunState, acc: np.ndarray) -> dict:

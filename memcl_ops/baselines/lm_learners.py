@@ -1,4 +1,4 @@
-"""The LM family's baselines as in-process `StreamLearner`s, driven the way pipeline/lm_runner.py drives the
+"""The LM family's baselines as in-process `StreamLearner`s, driven the way pipeline/lm.py drives the
 LMEncoder, MemoryManager and LMTrainer actors: `FrozenLM` (the frozen base), `TextReplay` (stored examples as
 demonstrations) and `SequentialLoRA` (LoRA fine-tuning task after task). `predict` answers a text-pair batch with
 the generated answer strings (greedy, `max_new_tokens`); each learner loads its own copy of the LM."""

@@ -1,4 +1,4 @@
-"""`MIITALearner`: MIITA (docs/methods.md, "MIITA") as an in-process `StreamLearner`, as pipeline/lm_runner.py
+"""`MIITALearner`: MIITA (docs/methods.md, "MIITA") as an in-process `StreamLearner`, as pipeline/lm.py
 drives it: every observed text-pair batch is extracted by teacher forcing and written into the byte-budgeted
 direction memory; prompts are answered by generation with the memory's gated temporary update."""
 

@@ -1,5 +1,5 @@
 """`NSRLearner`: an "nsr" method (NSR and its memoryless allocations, docs/methods.md, "NSR") as one in-process
-`StreamLearner`, driven the way pipeline/adapter_runner.py drives the AdapterTrainer and the MemoryManager's bank.
+`StreamLearner`, driven the way pipeline/nsr.py drives the AdapterTrainer and the MemoryManager's bank.
 
 A round is a visit of one task. Its first batches are held until `probe_size` rows have arrived (or the round
 ends): their LoRA-off mean feature is the task key, the allocation rule plans the arrival (bank retrieval, or
