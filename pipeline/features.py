@@ -28,12 +28,12 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import MethodSpec
-from pipeline import checkpoint, preflight
+from pipeline import checkpoint, preflight, runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RunConfig
 from pipeline.encoder_pool import EncoderPool
 from pipeline.progress import InFlight, Progress, Reports
-from pipeline.runner import BatchHook, Roles, Round, RoundOutcome, RunState, ensure_ray, plan_rounds, stream_source
+from pipeline.runner import BatchHook, Roles, RoundBatches, RoundOutcome, RunState, plan_rounds
 
 
 class FeaturePipeline:
@@ -93,7 +93,7 @@ class FeaturePipeline:
             return self.roles.handle(role)
         raise AttributeError(role)
 
-    def plan(self) -> list[Round]:
+    def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, self.task_free, self.config.method.consolidate_every)
 
     def _features(self, batch_ref: ray.ObjectRef, letters: list[ray.ObjectRef], accumulate: bool = False
@@ -142,7 +142,7 @@ class FeaturePipeline:
         out["epoch_losses"] = reports.take_losses()
         return out, {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
 
-    def stream_round(self, batches: Round, state: RunState, reports: Reports, on_batch: BatchHook | None
+    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
                      ) -> RoundOutcome:
         """Stream one round, consolidate, and evaluate after the visits it ends (task-free: if it is an evaluation
         point)."""
@@ -281,9 +281,9 @@ def encode_stream(config: RunConfig, actors: ActorCache) -> float:
     `memcl bench` does it once, before its runs, so no method's time includes it."""
     config = preflight.with_absolute_paths(config)
     preflight.check_run(config)
-    ensure_ray(config)
+    runner.ensure_ray(config)
     started = time.perf_counter()
-    source = stream_source(config, actors)
+    source = runner.stream_source(config, actors)
     info: StreamInfo = ray.get(source.describe.remote())
     if info.feature_dim is None and config.runtime.cache_dir and info.cacheable:
         encode_into_cache(config, source, EncoderPool(config, info.payload, actors), info, Progress(enabled=True))

@@ -181,7 +181,7 @@ class LMPipeline:
     def memory_config(self) -> MemoryConfig:
         return replace(self.ctx.config.method.memory, budget_bytes=self.spec.budget)
 
-    def plan(self) -> list[runner.Round]:
+    def plan(self) -> list[runner.RoundBatches]:
         return runner.plan_rounds(self.info, task_free=False, every=0)
 
     def learn(self, task: int, on_batch: runner.BatchHook | None, bars: Progress) -> dict:
@@ -229,7 +229,7 @@ class LMPipeline:
                     for b, k in zip(batches, ctx.query_keys[task])]
         return [ctx.encoder.generate.remote(b, tokens) for b in batches]
 
-    def stream_round(self, batches: runner.Round, state: runner.RunState, reports: Reports,
+    def stream_round(self, batches: runner.RoundBatches, state: runner.RunState, reports: Reports,
                      on_batch: runner.BatchHook | None) -> runner.RoundOutcome:
         """Learn one task, then answer the tasks due: every seen one, or (new_and_final) the new one and, after the
         last task, all."""

@@ -31,7 +31,7 @@ from pipeline import checkpoint
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RunConfig
 from pipeline.progress import InFlight, Reports
-from pipeline.runner import BatchHook, Roles, Round, RoundOutcome, RunState, plan_rounds
+from pipeline.runner import BatchHook, Roles, RoundBatches, RoundOutcome, RunState, plan_rounds
 
 
 class NSRPipeline:
@@ -66,7 +66,7 @@ class NSRPipeline:
             return self.roles.handle("adapter_trainer")
         raise AttributeError(role)
 
-    def plan(self) -> list[Round]:
+    def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, task_free=False, every=0)
 
     def test_refs(self, task: int, after_visit: int, letters: list) -> list[ray.ObjectRef]:
@@ -77,7 +77,7 @@ class NSRPipeline:
             letters.append(refused)
         return refs
 
-    def stream_round(self, batches: Round, state: RunState, reports: Reports, on_batch: BatchHook | None
+    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
                      ) -> RoundOutcome:
         """Stream one visit: arrival decision, training, compression and storage, evaluation of the seen tasks."""
         info, nsr, rt, bars = self.info, self.nsr, self.config.runtime, reports.progress

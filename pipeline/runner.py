@@ -46,7 +46,7 @@ log = logging.getLogger("memcl")
 
 BatchHook = Callable[[int, int], None]  # called with (visit, batch index) after each batch is submitted
 RoundHook = Callable[[int, "RunState", "StreamPipeline"], None]  # called after each round is committed
-Round = list[tuple[int, int]]  # the (visit, batch index) pairs of one round
+RoundBatches = list[tuple[int, int]]  # the (visit, batch index) pairs of one round
 
 
 def ensure_ray(config) -> None:
@@ -130,9 +130,9 @@ class StreamPipeline(Protocol):
     roles: Roles
     task_free: bool  # one accuracy row per evaluation point (round) instead of one per visit ended
 
-    def plan(self) -> list[Round]: ...
+    def plan(self) -> list[RoundBatches]: ...
 
-    def stream_round(self, batches: Round, state: RunState, reports: Reports, on_batch: BatchHook | None
+    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
                      ) -> RoundOutcome: ...
 
     def revive(self, parts: dict[str, checkpoint.State]) -> None: ...  # every role alive again, restored to parts
@@ -144,7 +144,7 @@ class StreamPipeline(Protocol):
     def finish(self, state: RunState) -> dict: ...  # the family's entries of metrics.json
 
 
-def plan_rounds(info: StreamInfo, task_free: bool, every: int) -> list[Round]:
+def plan_rounds(info: StreamInfo, task_free: bool, every: int) -> list[RoundBatches]:
     """The units of consolidation, commit and replay: one visit each when task boundaries are given; K
     consecutive batches regardless of visits when task-free (the learner is told nothing at boundaries;
     evaluation still happens after the round in which a visit ends)."""
