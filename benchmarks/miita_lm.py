@@ -69,12 +69,12 @@ def main() -> None:
     config = load_config(overrides=overrides, cls=lm.LMRunConfig)
     actors = ActorCache()
     try:
-        metrics = lm.run(config, actors=actors)
+        metrics = lm.run(config, actors=actors).metrics
         extra = {}
         for step in args.steps:
             adapt = replace(config.method.adapt, step=step)
             sweep = replace(config, methods=("miita",), method=replace(config.method, adapt=adapt))
-            extra[step] = lm.run(sweep, actors=actors)
+            extra[step] = lm.run(sweep, actors=actors).metrics
     finally:
         actors.close()
     print(lm.summary_table(metrics))

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             for allocation in ALLOCATIONS:
                 t0 = time.perf_counter()
-                metrics = runner.run(config(args, allocation, seed), actors=actors)
+                metrics = runner.run(config(args, allocation, seed), actors=actors).metrics
                 rows.append(row(allocation, seed, metrics, time.perf_counter() - t0))
                 print(f"seed {seed} {allocation}: done in {rows[-1]['seconds']:.0f} s ({metrics['run_dir']})",
                       flush=True)

@@ -106,7 +106,7 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
             for seed in range(seeds):
                 started = time.perf_counter()
                 metrics = runner.run(replace(config, seed=seed, method=replace(config.method, name=method)),
-                                     actors=actors)
+                                     actors=actors).metrics
                 rows.append(RunRow.of(metrics))
                 log(f"[{chosen.name}] {method} seed {seed}: A_last {100 * rows[-1].summary['a_last']:.2f} "
                     f"(train {rows[-1].train_seconds:.0f} s, {time.perf_counter() - started:.0f} s in all)")

@@ -37,19 +37,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
 
     if args.resume:
-        metrics = runner.run(resume=Path(args.resume))
+        result = runner.run(resume=Path(args.resume))
     else:
-        metrics = runner.run(load_config(args.config, _overrides(args)))
-    print(report.summary_table(metrics))
-    print(f"\nrun folder: {metrics['run_dir']}")
-    samples = metrics["samples"]
-    if not samples["learned"]:  # a run that learned nothing is a failed run, whatever it wrote
-        if not samples["stream"]:
+        result = runner.run(load_config(args.config, _overrides(args)))
+    print(report.summary_table(result.metrics))
+    print(f"\nrun folder: {result.run_dir}")
+    samples = result.samples
+    if not samples.learned:  # a run that learned nothing is a failed run, whatever it wrote
+        if not samples.stream:
             why = "the source streamed no rows"
         else:
-            reasons = ", ".join(f"{r} {n}" for r, n in samples["refused_by_reason"].items())
-            why = (f"{samples['refused']} of {samples['stream']} rows refused ({reasons}); the rows are in "
-                   f"{metrics['run_dir']}/dead_letters/")
+            reasons = ", ".join(f"{r} {n}" for r, n in samples.refused_by_reason.items())
+            why = (f"{samples.refused} of {samples.stream} rows refused ({reasons}); the rows are in "
+                   f"{result.run_dir}/dead_letters/")
         print(f"memcl: error: nothing was learned: {why}", file=sys.stderr)
         return 1
     return 0
@@ -60,11 +60,11 @@ def cmd_lm(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
 
     if args.resume:
-        metrics = lm.run(resume=Path(args.resume))
+        result = lm.run(resume=Path(args.resume))
     else:
-        metrics = lm.run(load_config(args.config, _overrides(args), cls=lm.LMRunConfig))
-    print(lm.summary_table(metrics))
-    print(f"\nrun folder: {metrics['run_dir']}")
+        result = lm.run(load_config(args.config, _overrides(args), cls=lm.LMRunConfig))
+    print(lm.summary_table(result.metrics))
+    print(f"\nrun folder: {result.run_dir}")
     return 0
 
 

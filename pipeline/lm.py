@@ -308,11 +308,20 @@ def score(predictions: list[pa.RecordBatch]) -> tuple[float, float, list[dict]]:
     return float(np.mean([r["correct"] for r in rows])), float(np.mean([r["answer_nll"] for r in rows])), rows
 
 
+@dataclass(frozen=True)
+class LMResult:
+    """A finished `memcl lm`: its folder, each (method, budget) run's result by name, and what metrics.json holds."""
+
+    run_dir: Path
+    runs: dict[str, runner.RunResult]
+    metrics: dict
+
+
 def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
         progress: bool | None = None, actors: ActorCache | None = None,
-        on_batch: runner.BatchHook | None = None) -> dict:
-    """Run (or resume) every method (and budget) of `config` over its task stream; returns the metrics written to
-    metrics.json. `actors`: reuse the actors of earlier runs (they are reset); by default they are killed after."""
+        on_batch: runner.BatchHook | None = None) -> LMResult:
+    """Run (or resume) every method (and budget) of `config` over its task stream, each through the one runner.
+    `actors`: reuse the actors of earlier runs (they are reset); by default they are killed after."""
     if resume is not None:
         run_dir = preflight.run_folder(resume, "config.yaml")
         config = load_config(run_dir / "config.yaml", cls=LMRunConfig)
@@ -344,7 +353,7 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resum
             for spec in specs:
                 folder = run_dir / "runs" / spec.name.replace("@", "_")
                 if resume is not None and (folder / "metrics.json").is_file():
-                    runs[spec.name] = json.loads((folder / "metrics.json").read_text())
+                    runs[spec.name] = runner.RunResult.of(folder, json.loads((folder / "metrics.json").read_text()))
                     continue
                 folder.mkdir(parents=True, exist_ok=True)
                 runs[spec.name] = runner.stream(LMPipeline(ctx, spec), folder, resume is not None, rt, bars,
@@ -352,19 +361,19 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resum
                                                 started=time.perf_counter(), on_batch=on_batch)
         except KeyboardInterrupt:
             raise RunInterrupted(run_dir, command="memcl lm") from None
-        predictions = [p for r in runs.values() for e in r["round_log"] for p in e["predictions"]]
+        predictions = [p for r in runs.values() for e in r.metrics["round_log"] for p in e["predictions"]]
         metrics = {
             "model": {**ctx.model, "spec": config.model.name}, "seed": config.seed,
             "tasks": [t.name for t in tasks], "answers": {t.name: list(t.answers) for t in tasks},
-            "runs": {name: _run_entry(r) for name, r in runs.items()},
+            "runs": {name: _run_entry(r.metrics) for name, r in runs.items()},
             "wall_seconds": {"total": time.perf_counter() - started, "extract": extract_seconds},
             # the frozen LM serves every run (its busy time is the whole command's); the others are per run
             "actor_busy_seconds": {"lm_encoder": ray.get(ctx.encoder.timings.remote()),
-                                   **{name: r["actor_busy_seconds"] for name, r in runs.items()}},
+                                   **{name: r.metrics["actor_busy_seconds"] for name, r in runs.items()}},
         }
         write_lm_run(run_dir, metrics, predictions)
         metrics["run_dir"] = str(run_dir)
-        return metrics
+        return LMResult(run_dir, runs, metrics)
     finally:
         if own:
             actors.close()

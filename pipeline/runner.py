@@ -97,6 +97,36 @@ class RoundOutcome:
     log: dict = field(default_factory=dict)  # the family's report of the round (consolidation, arrival, ...)
 
 
+@dataclass(frozen=True)
+class Samples:
+    """Exactly-once accounting of a run's training rows by sample_id."""
+
+    stream: int  # rows the stream holds
+    learned: int  # rows trained on (a replayed round counts once)
+    unique_learned: int
+    refused: int  # rows refused at a gate, kept as dead letters
+    refused_by_reason: dict[str, int]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run: its folder, summary (None while an entry it needs is missing), sample accounting and fault
+    replays, typed; `metrics` is everything metrics.json holds (the family's entries included)."""
+
+    run_dir: Path
+    summary: M.Summary | None
+    samples: Samples
+    recoveries: int
+    metrics: dict
+
+    @classmethod
+    def of(cls, run_dir: Path, metrics: dict) -> RunResult:
+        samples = metrics["samples"]
+        return cls(run_dir, M.Summary(**metrics["summary"]) if metrics["summary"] else None,
+                   Samples(**samples),
+                   metrics["recoveries"], metrics)
+
+
 class Roles:
     """The stateful actors of one pipeline by role: their states, restore, revival after a fault, timings."""
 
@@ -167,9 +197,9 @@ def new_run_dir(out: str, name: str) -> Path:
 
 def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
         progress: bool | None = None, actors: ActorCache | None = None, on_batch: BatchHook | None = None,
-        on_round: RoundHook | None = None) -> dict:
-    """Run (or resume) one continual-learning stream of a "features" or "nsr" method; returns the metrics
-    written to metrics.json (plus `run_dir`). `memcl lm` runs the "lm" family through `stream` (pipeline/lm.py).
+        on_round: RoundHook | None = None) -> RunResult:
+    """Run (or resume) one continual-learning stream of a "features" or "nsr" method (`memcl lm` runs the "lm"
+    family through `stream`, pipeline/lm.py).
 
     `actors`: reuse the actors of earlier runs (they are reset); by default the run starts and kills its own.
     `on_batch` / `on_round`: observers (fault injection in tests, resource sampling in `memcl stress`).
@@ -221,9 +251,9 @@ def stream_source(config: RunConfig, actors: ActorCache) -> ray.actor.ActorHandl
 
 def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig, bars: Progress, metrics: dict, *,
            started: float, setup_seconds: float = 0.0, on_batch: BatchHook | None = None,
-           on_round: RoundHook | None = None) -> dict:
-    """Stream every round of `pipe` (after the last checkpoint of `run_dir` when `resumed`), then write and return
-    the run's metrics: `metrics` (what the caller knows: method, seed, ...) with the runner's and the family's."""
+           on_round: RoundHook | None = None) -> RunResult:
+    """Stream every round of `pipe` (after the last checkpoint of `run_dir` when `resumed`), then write the run's
+    metrics: `metrics` (what the caller knows: method, seed, ...) with the runner's and the family's."""
     state = RunState()
     ckpt_dir = run_dir / "checkpoints"
     if resumed and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
@@ -270,7 +300,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
     if board is not None:
         board.close(metrics)
     metrics["run_dir"] = str(run_dir)
-    return metrics
+    return RunResult.of(run_dir, metrics)
 
 
 def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundOutcome, run_dir: Path) -> None:

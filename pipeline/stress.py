@@ -193,7 +193,7 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
     event_starts = [v * per_visit for v in drift.novel_visits()]
     sampler = Sampler([sum(drift.batch_rows(i) for _, i in r) for r in rounds], config.method.router.initial_slots,
                       event_starts)
-    metrics = runner.run(config, actors=actors, on_round=sampler)
+    metrics = runner.run(config, actors=actors, on_round=sampler).metrics
     expansion_steps = [e["test_step"] for e in metrics["slots"]["expansions"]]
     detection = novelty(event_starts, per_visit, sampler.test_steps, expansion_steps, config.method.sgse.block_size)
     result = {"tasks": tasks, "task_free": task_free, "distinct_tasks": config.data.drift.tasks,

@@ -109,7 +109,7 @@ def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: Ac
         "encoder.threads": max(CORES // case.replicas, 1),
         "method.stage1.optim.epochs": 2, "method.stage2.optim.epochs": 2,
         "runtime.cache_dir": "", "runtime.checkpoint": False, "runtime.progress": False, "runtime.out": str(out)})
-    return runner.run(config, actors=actors)
+    return runner.run(config, actors=actors).metrics
 
 
 def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCache, repeats: int = 3) -> dict:

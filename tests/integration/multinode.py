@@ -24,13 +24,13 @@ cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resource
 workers = {name: cluster.add_node(num_cpus=1, resources={"memcl_encoder": 1, name: 1}) for name in ("node_a", "node_b")}
 ray.init(address=cluster.address, logging_level="ERROR")
 multi = runner.run(load_config(overrides={**COMMON, "encoder.replicas": 2, "encoder.resources": {"memcl_encoder": 1},
-                                          "encoder.placement": "spread"}))
+                                          "encoder.placement": "spread"})).metrics
 worker_nodes = {w.node_id for w in workers.values()}
 ray.shutdown()
 cluster.shutdown()
 
 ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-single = runner.run(load_config(overrides={**COMMON, "encoder.replicas": 1}))
+single = runner.run(load_config(overrides={**COMMON, "encoder.replicas": 1})).metrics
 ray.shutdown()
 print(json.dumps({"multi": {k: multi[k] for k in ("acc_matrix", "encoders", "samples")},
                   "single": {k: single[k] for k in ("acc_matrix", "encoders", "samples")},

@@ -33,7 +33,7 @@ def last_checkpoint(metrics: dict) -> dict:
 def single(actors, tmp_path_factory):
     """The reference: the same replicas encode, the head learner sums every batch itself."""
     return runner.run(config(tmp_path_factory.mktemp("single"), **{"method.analytic.accumulate_in": "learner"}),
-                      actors=actors)
+                      actors=actors).metrics
 
 
 def assert_same_head(merged: dict, single: dict) -> None:
@@ -50,7 +50,7 @@ def assert_same_head(merged: dict, single: dict) -> None:
 
 def test_statistics_summed_by_two_replicas_and_merged_give_the_single_learner_head_bit_for_bit(actors, tmp_path,
                                                                                              single):
-    merged = runner.run(config(tmp_path), actors=actors)
+    merged = runner.run(config(tmp_path), actors=actors).metrics
     busy = merged["actor_busy_seconds"]
     assert {"encoder0.accumulate", "encoder1.accumulate"} <= set(busy), busy  # both replicas summed a share
     assert not any(k.endswith(".accumulate") for k in single["actor_busy_seconds"])
@@ -64,6 +64,6 @@ def test_statistics_summed_by_two_replicas_and_merged_give_the_single_learner_he
 @pytest.mark.slow  # one more run through the actor pipeline; the recovery machinery has its own default-tier tests
 def test_a_replica_killed_mid_stream_is_recovered_and_the_head_is_unchanged(actors, tmp_path, single):
     kill_second_replica, done = killer(actors, "encoder1", (2, 1), restart=True)
-    merged = runner.run(config(tmp_path), actors=actors, on_batch=kill_second_replica)
+    merged = runner.run(config(tmp_path), actors=actors, on_batch=kill_second_replica).metrics
     assert done and merged["recoveries"] >= 1
     assert_same_head(merged, single)

@@ -52,7 +52,7 @@ def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, 
         "data.labels": list(LABELS), "method.name": method, "method.router.initial_slots": 2,
         "method.stage1.optim.epochs": 1, "method.stage2.optim.epochs": 2, "runtime.max_batch_rows": 12,
         "runtime.out": str(root / "runs"), "runtime.progress": False, "runtime.actor_threads": 1})
-    metrics = runner.run(config, actors=actors)
+    metrics = runner.run(config, actors=actors).metrics
 
     dead_dir = root / "runs" / next((root / "runs").iterdir()).name / "dead_letters"
     dead = pq.read_table(dead_dir) if dead_dir.exists() else pa.table({S.SAMPLE_ID: pa.array([], pa.int64())})

@@ -39,7 +39,7 @@ def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(actors, tmp_path):
     run_dir = Path(resume.group(1))
     assert run_dir.parent == tmp_path and (run_dir / "config.yaml").is_file()
 
-    metrics = runner.run(resume=run_dir, actors=actors, progress=False)
+    metrics = runner.run(resume=run_dir, actors=actors, progress=False).metrics
     samples = metrics["samples"]
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == 10 * 60  # 10 classes x 60
     assert len(metrics["acc_matrix"]) == 5

@@ -23,7 +23,7 @@ def config(tmp_path, **extra):
 
 @pytest.fixture(scope="module")
 def reference(actors, tmp_path_factory):
-    return runner.run(config(tmp_path_factory.mktemp("ref")), actors=actors)
+    return runner.run(config(tmp_path_factory.mktemp("ref")), actors=actors).metrics
 
 
 POINTS = np.random.default_rng(8).integers(0, [5, 2], size=(3, 2)).tolist()  # seeded (visit, batch) points
@@ -39,7 +39,7 @@ CASES = [pytest.param(role, point, marks=() if point == i % len(POINTS) else pyt
 def test_killed_actor_is_recovered_exactly_once(actors, reference, tmp_path, role, point):
     at = tuple(POINTS[point])
     hook, done = killer(actors, role, at, restart=point % 2 == 1)  # alternate Ray restarts and fresh actors
-    metrics = runner.run(config(tmp_path), actors=actors, on_batch=hook)
+    metrics = runner.run(config(tmp_path), actors=actors, on_batch=hook).metrics
     assert done and metrics["recoveries"] >= 1
     np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(reference["acc_matrix"]))
     samples = metrics["samples"]

@@ -31,7 +31,7 @@ def config(step: float, methods=("base", "replay", "miita", "lora"), budgets=(51
 
 @pytest.fixture(scope="module")
 def zero_step(actors, tmp_path_factory):
-    return run(config(0.0), run_dir=tmp_path_factory.mktemp("lm"), actors=actors)
+    return run(config(0.0), run_dir=tmp_path_factory.mktemp("lm"), actors=actors).metrics
 
 
 def predictions(metrics) -> dict[str, dict]:
@@ -77,13 +77,14 @@ def test_zero_step_miita_answers_exactly_like_the_base_model(zero_step):
 
 
 def test_a_real_step_changes_the_answers(actors, tmp_path, zero_step):
-    strong = run(config(3.0, methods=("miita",)), run_dir=tmp_path, actors=actors)
+    strong = run(config(3.0, methods=("miita",)), run_dir=tmp_path, actors=actors).metrics
     assert predictions(strong)["miita@512B"] != predictions(zero_step)["miita@512B"]
 
 
 def test_new_and_final_evaluation_gives_the_same_op_and_bwt(actors, tmp_path, zero_step):
     cfg = config(0.0, methods=("replay", "miita"))
-    short = run(replace(cfg, runtime=replace(cfg.runtime, evaluate="new_and_final")), run_dir=tmp_path, actors=actors)
+    short = run(replace(cfg, runtime=replace(cfg.runtime, evaluate="new_and_final")), run_dir=tmp_path,
+                actors=actors).metrics
     for name, r in short["runs"].items():
         acc, full = np.array(r["acc_matrix"]), np.array(zero_step["runs"][name]["acc_matrix"])
         assert np.isnan(acc[1, 0]) and r["a_mean"] is None  # task 0 was not answered again after task 1
@@ -119,7 +120,7 @@ KILL_POINTS = np.random.default_rng(21).integers(0, [3, 2], size=(3, 2)).tolist(
 def test_actor_killed_mid_task_gives_the_uninterrupted_run(actors, tmp_path, zero_step, role, method, point):
     task, index = KILL_POINTS[point]
     hook, done = killer(actors, role, (task, 0 if method == "lora" else index), restart=point % 2 == 1)
-    metrics = run(config(0.0, methods=(method,)), run_dir=tmp_path, actors=actors, on_batch=hook)
+    metrics = run(config(0.0, methods=(method,)), run_dir=tmp_path, actors=actors, on_batch=hook).metrics
     assert done and sum(r["recoveries"] for r in metrics["runs"].values()) >= 1
     assert_same_runs(metrics, zero_step)
 
@@ -128,7 +129,7 @@ def test_killed_driver_resumes_to_the_uninterrupted_runs(actors, tmp_path, zero_
     dump_config(config(0.0, out=tmp_path), tmp_path / "lm.yaml")
     run_dir = kill_driver_at_checkpoint(["lm", "--config", str(tmp_path / "lm.yaml")], tmp_path,
                                         "runs/miita_512B/checkpoints/ckpt-000000.sha256")
-    assert_same_runs(run(resume=run_dir, actors=actors), zero_step)
+    assert_same_runs(run(resume=run_dir, actors=actors).metrics, zero_step)
 
 
 def test_bad_run_configs_are_refused():

@@ -28,7 +28,7 @@ def tiny(tmp_path, method: str):
 
 @pytest.mark.parametrize("name", family_methods("features"))
 def test_method_runs_through_the_actor_pipeline(actors, tmp_path, name):
-    metrics = runner.run(tiny(tmp_path, name), actors=actors)
+    metrics = runner.run(tiny(tmp_path, name), actors=actors).metrics
     acc = np.array(metrics["acc_matrix"], dtype=float)
     assert acc.shape == (TASKS, TASKS)
     assert not np.isnan(acc[np.tril_indices(TASKS)]).any() and np.isnan(acc[np.triu_indices(TASKS, 1)]).all()

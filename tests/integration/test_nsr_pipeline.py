@@ -35,7 +35,7 @@ def config(tmp_path, encoder: str, **extra):
 @pytest.fixture(scope="module")
 def bank_run(actors, tmp_path_factory, tiny_bert):
     """The uninterrupted run every fault below must reproduce."""
-    return runner.run(config(tmp_path_factory.mktemp("bank"), f"hf:{tiny_bert}"), actors=actors)
+    return runner.run(config(tmp_path_factory.mktemp("bank"), f"hf:{tiny_bert}"), actors=actors).metrics
 
 
 def assert_same_run(metrics: dict, reference: dict) -> None:
@@ -70,7 +70,7 @@ def test_bank_restores_returning_tasks_exactly_and_reports_its_bytes(actors, tmp
     for name in ("ckpt-000005.npz", "ckpt-000005.sha256"):
         (copy / "checkpoints" / name).unlink()
     (copy / "metrics.json").unlink()
-    resumed = runner.run(resume=copy, actors=actors)
+    resumed = runner.run(resume=copy, actors=actors).metrics
     np.testing.assert_array_equal(np.array(resumed["acc_matrix"], dtype=float), acc)
     assert json.loads((copy / "metrics.json").read_text())["bank"] == metrics["bank"]
 
@@ -81,7 +81,7 @@ KILL_POINTS = np.random.default_rng(13).integers(0, [len(VISITS), 2], size=(3, 2
 @pytest.mark.parametrize("role, point", [("adapter_trainer", 0), ("memory", 1), ("source", 2)])
 def test_actor_killed_mid_visit_gives_the_uninterrupted_run(actors, tmp_path, tiny_bert, bank_run, role, point):
     hook, done = killer(actors, role, tuple(KILL_POINTS[point]), restart=point % 2 == 1)
-    metrics = runner.run(config(tmp_path, f"hf:{tiny_bert}"), actors=actors, on_batch=hook)
+    metrics = runner.run(config(tmp_path, f"hf:{tiny_bert}"), actors=actors, on_batch=hook).metrics
     assert done and metrics["recoveries"] >= 1
     assert_same_run(metrics, bank_run)
 
@@ -90,11 +90,11 @@ def test_killed_driver_resumes_to_the_uninterrupted_run(actors, tmp_path, tiny_b
     dump_config(config(tmp_path, f"hf:{tiny_bert}"), tmp_path / "nsr.yaml")
     run_dir = kill_driver_at_checkpoint(["run", "--config", str(tmp_path / "nsr.yaml")], tmp_path,
                                         "checkpoints/ckpt-000002.sha256")
-    assert_same_run(runner.run(resume=run_dir, actors=actors), bank_run)
+    assert_same_run(runner.run(resume=run_dir, actors=actors).metrics, bank_run)
 
 
 def test_memoryless_fresh_rule_keeps_no_bank(actors, tmp_path, tiny_bert):
-    fresh = runner.run(config(tmp_path, f"hf:{tiny_bert}", **{"method.nsr.allocation": "fresh"}), actors=actors)
+    fresh = runner.run(config(tmp_path, f"hf:{tiny_bert}", **{"method.nsr.allocation": "fresh"}), actors=actors).metrics
     assert fresh["memory_bytes"] == {} and fresh["bank"] is None
     assert {e["arrival"] for e in fresh["round_log"]} == {"fresh"}
     # a fresh start is a zero head: every test row gets the task's first class, half of a balanced test set
@@ -114,7 +114,7 @@ def test_pretrained_minilm_returning_tasks_are_back_at_once_with_the_bank(actors
     """The recovery claim on the real MiniLM: every returning task restored, back within 1 point at step 0."""
     cfg = config(tmp_path, "minilm", **{"stream.train_per_class": 48, "stream.test_per_class": 25,
                                          "method.nsr.probe_size": 96, "encoder.spec.max_length": 32})
-    metrics = runner.run(cfg, actors=actors)
+    metrics = runner.run(cfg, actors=actors).metrics
     rec = metrics["recovery"]["returning_visits"]
     assert [r["steps"] for r in rec] == [0, 0, 0] and not any(r["censored"] for r in rec), rec
     assert min(e["acc_live"] for e in metrics["round_log"]) > 0.8

@@ -64,8 +64,8 @@ def test_parquet_and_ipc_folders_give_the_same_run(actors, tmp_path):
     tables = synthetic_tables()
     write_parquet(tmp_path / "pq", tables)
     write_ipc(tmp_path / "ipc", tables)
-    from_parquet = runner.run(feature_config(tmp_path / "pq", tmp_path), actors=actors)
-    from_ipc = runner.run(feature_config(tmp_path / "ipc", tmp_path), actors=actors)
+    from_parquet = runner.run(feature_config(tmp_path / "pq", tmp_path), actors=actors).metrics
+    from_ipc = runner.run(feature_config(tmp_path / "ipc", tmp_path), actors=actors).metrics
     assert from_parquet["samples"]["stream"] == from_parquet["samples"]["learned"] == 4 * 70
     assert from_parquet["visits"] == [0, 1]
     np.testing.assert_array_equal(from_parquet["acc_matrix"], from_ipc["acc_matrix"])
@@ -125,7 +125,7 @@ def test_mixed_size_image_folder_runs_with_image_size(actors, tmp_path):
                  "runtime.progress": False, "runtime.actor_threads": 1}
     with pytest.raises(Exception, match=r"data\.image_size"):
         runner.run(load_config(overrides=overrides), actors=actors)
-    metrics = runner.run(load_config(overrides={**overrides, "data.image_size": 24}), actors=actors)
+    metrics = runner.run(load_config(overrides={**overrides, "data.image_size": 24}), actors=actors).metrics
     assert metrics["samples"]["learned"] == metrics["samples"]["stream"] == 24
     assert metrics["class_names"] == ["circle", "square"]
     assert metrics["acc_matrix"][0][0] > 0.9  # left-bright against right-bright images
@@ -146,10 +146,10 @@ def test_text_folder_goes_through_the_content_cache(actors, tmp_path):
         "data.dataset": f"arrow:{root}", "data.payload": "text", "encoder.spec.name": "tiny", "encoder.spec.dim": 16,
         "encoder.threads": 1, "method.name": "simplecil", "runtime.cache_dir": str(tmp_path / "cache"),
         "runtime.out": str(tmp_path / "runs"), "runtime.progress": False, "runtime.actor_threads": 1})
-    first = runner.run(config, actors=actors)
+    first = runner.run(config, actors=actors).metrics
     files = sorted((tmp_path / "cache").glob("content-*/*.parquet"))
     assert len(files) == 1 and pq.read_table(files[0]).num_rows == 2 * (40 + 10)  # every distinct row, once
-    again = runner.run(config, actors=actors)
+    again = runner.run(config, actors=actors).metrics
     assert sorted((tmp_path / "cache").glob("content-*/*.parquet")) == files  # nothing left to encode
     np.testing.assert_array_equal(first["acc_matrix"], again["acc_matrix"])
     assert first["samples"]["learned"] == 80 and first["summary"]["a_last"] > 0.9

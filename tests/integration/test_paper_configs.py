@@ -100,7 +100,7 @@ def test_config_runs_through_the_pipeline_on_a_fixture_folder(actors, tmp_path, 
         "method.stage1.optim.epochs": 1, "runtime.cache_dir": str(tmp_path / "cache"), "runtime.out": str(tmp_path),
         "runtime.progress": False, "runtime.actor_threads": 1})
     checkpoint = assets[2]
-    metrics = runner.run(config, actors=actors)
+    metrics = runner.run(config, actors=actors).metrics
     assert len(metrics["task_classes"]) == 10 and all(len(c) == CLASSES // 10 for c in metrics["task_classes"])
     acc = np.array(metrics["acc_matrix"], dtype=float)
     assert acc.shape == (10, 10) and not np.isnan(acc[np.tril_indices(10)]).any()

@@ -26,7 +26,7 @@ def digits_tiny(tmp_path, **extra):
 
 
 def test_digits_through_inline_encoder_actor(actors, tmp_path):
-    metrics = runner.run(digits_tiny(tmp_path), actors=actors)
+    metrics = runner.run(digits_tiny(tmp_path), actors=actors).metrics
     run_dir = Path(metrics["run_dir"])
     acc = np.array(metrics["acc_matrix"])
     assert acc.shape == (5, 5)
@@ -54,7 +54,7 @@ def synthetic(tmp_path, **extra):
 
 
 def test_learnable_stream_beats_chance_by_a_wide_margin(actors, tmp_path):
-    metrics = runner.run(synthetic(tmp_path), actors=actors)
+    metrics = runner.run(synthetic(tmp_path), actors=actors).metrics
     acc = np.array(metrics["acc_matrix"])
     chance = 1 / 8
     assert np.nanmean(acc[-1]) > chance + 0.45, acc
@@ -62,8 +62,8 @@ def test_learnable_stream_beats_chance_by_a_wide_margin(actors, tmp_path):
 
 
 def test_result_does_not_depend_on_calls_in_flight(actors, tmp_path):
-    a = runner.run(synthetic(tmp_path, **{"runtime.max_in_flight": 1}), actors=actors)
-    b = runner.run(synthetic(tmp_path, **{"runtime.max_in_flight": 16}), actors=actors)
+    a = runner.run(synthetic(tmp_path, **{"runtime.max_in_flight": 1}), actors=actors).metrics
+    b = runner.run(synthetic(tmp_path, **{"runtime.max_in_flight": 16}), actors=actors).metrics
     np.testing.assert_array_equal(np.array(a["acc_matrix"]), np.array(b["acc_matrix"]))
     assert a["slots"]["history"] == b["slots"]["history"]
 
@@ -72,7 +72,7 @@ def test_killed_driver_resumes_to_the_same_accuracy_matrix(actors, tmp_path):
     """SIGKILL the driver once the checkpoint after task 2 is on disk; `memcl run --resume` must finish with the
     accuracy matrix of an uninterrupted run with the same seed."""
     slow = {"stream.tasks": 4, "method.stage1.optim.epochs": 40}
-    reference = runner.run(synthetic(tmp_path / "ref", **slow), actors=actors)
+    reference = runner.run(synthetic(tmp_path / "ref", **slow), actors=actors).metrics
 
     config_path = tmp_path / "killed.yaml"
     cfg = synthetic(tmp_path / "killed", **slow)
@@ -94,7 +94,7 @@ def test_killed_driver_resumes_to_the_same_accuracy_matrix(actors, tmp_path):
 def test_task_free_has_a_row_per_evaluation_point_and_says_so(actors, tmp_path):
     # 4 tasks x 160 rows in batches of 40: 16 batches, 4 per visit; every 3 batches -> 6 rounds, each evaluated
     metrics = runner.run(synthetic(tmp_path, **{"stream.task_free": True, "method.consolidate_every": 3}),
-                         actors=actors)
+                         actors=actors).metrics
     assert metrics["consolidations"] == 6
     assert [r["batches"] for r in metrics["round_log"]] == [3, 3, 3, 3, 3, 1]
     acc = np.array(metrics["acc_matrix"], dtype=float)

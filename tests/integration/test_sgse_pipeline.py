@@ -19,7 +19,7 @@ DRIFT = {"method.name": "mars-reference", "data.dataset": "drift", "data.drift.v
 
 def drift_run(actors, out, epochs: int, on_batch=None) -> dict:
     config = load_config(overrides={**DRIFT, "method.stage1.optim.epochs": epochs, "runtime.out": str(out)})
-    return runner.run(config, actors=actors, on_batch=on_batch)
+    return runner.run(config, actors=actors, on_batch=on_batch).metrics
 
 
 @pytest.fixture(scope="module")

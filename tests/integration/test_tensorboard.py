@@ -17,7 +17,7 @@ def test_event_files_hold_the_runs_scalars(actors, tmp_path):
         "stream.tasks": tasks, "runtime.tensorboard": True, "runtime.progress": False,
         "method.stage1.optim.epochs": epochs1, "method.stage2.optim.epochs": epochs2,
         "runtime.out": str(tmp_path), "runtime.actor_threads": 1})
-    metrics = runner.run(config, actors=actors)
+    metrics = runner.run(config, actors=actors).metrics
     events = EventAccumulator(str(tmp_path / next(tmp_path.iterdir()).name / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
