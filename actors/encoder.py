@@ -7,7 +7,6 @@ import pyarrow as pa
 import ray
 import torch
 
-from actors.batches import labelled_block
 from actors.clock import StageClock
 from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticHead
 from memcl_ops.arrow import schema as S
@@ -52,7 +51,7 @@ class Encoder:
             if self.partial is None:
                 raise RuntimeError("encode(accumulate=True) before use_statistics: no analytic head to sum into")
             with self.clock.time("accumulate"):
-                x, y, _ = labelled_block((features,))
+                x, y, _ = S.labelled_block((features,))
                 if len(y):
                     self.partial.update(x, y)
         return features, letters

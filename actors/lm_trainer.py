@@ -37,17 +37,8 @@ class LMTrainer:
     def train(self, *batches: pa.RecordBatch) -> list[float]:
         """LoRA epochs on the pairs of `batches` (one task's data); returns the loss per epoch."""
         with self.clock.time("train"):
-            prompts, answers = [], []
-            for b in batches:
-                p, a = S.text_pairs(b)
-                prompts += p
-                answers += a
-            self.lm.model.train()
-            try:
-                history = finetune(self.lm, self.adapters, prompts, answers, self.config.optim,
-                                   seed=self.seed * 100_003 + self.rounds)
-            finally:
-                self.lm.model.eval()
+            history = finetune(self.lm, self.adapters, batches, self.config.optim,
+                               seed=self.seed * 100_003 + self.rounds)
             self.rounds += 1
             self.learned += [S.sample_ids_to_numpy(b) for b in batches]
             return history

@@ -29,6 +29,7 @@ from memcl_ops.mars.slots import SlotMemory
 from memcl_ops.miita.directions import DirectionMemory, MemoryConfig, write_directions
 from memcl_ops.nsr.adapter import ArrivalPlan, Snapshot, plan_arrival
 from memcl_ops.nsr.task_bank import BankConfig, BankEntry, TaskKnowledgeBank
+from memcl_ops.tensors import prefixed, state_part
 
 
 @dataclass(frozen=True)
@@ -147,19 +148,16 @@ class MemoryManager:
         return report
 
     def state(self) -> dict[str, np.ndarray]:
-        out = {f"{name}.{k}": v for name, store in self._stores().items() for k, v in store.state().items()}
+        out = {k: v for name, store in self._stores().items() for k, v in prefixed(name, store.state()).items()}
         out["learned"] = self.learned_ids()
         return out
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        def part(name: str) -> dict[str, np.ndarray]:
-            return {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(f"{name}.")}
-
-        statistics = part("statistics")
+        statistics = state_part(state, "statistics")
         self.statistics = RidgeStatistics.from_state(statistics) if statistics else None
         for name, store in self._stores().items():
             if name != "statistics":
-                store.restore(part(name))
+                store.restore(state_part(state, name))
         self.learned = [np.asarray(state["learned"])]
 
     def timings(self) -> dict:

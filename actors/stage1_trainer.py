@@ -8,9 +8,9 @@ import ray
 import torch
 from ray.util.queue import Queue
 
-from actors.batches import labelled_block
 from actors.clock import StageClock
 from actors.progress import epoch_reporter
+from memcl_ops.arrow import schema as S
 from memcl_ops.mars.dcda import Stage1Config, train_stage1
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.training import report_epochs
@@ -35,7 +35,7 @@ class Stage1Trainer:
         with self.clock.time("stage1"), report_epochs(epoch_reporter(progress, "stage 1")):
             router = SlotRouter(self.feature_dim, self.router_config)
             router.load_state(memory_state)
-            x, y, _ = labelled_block(batches)
+            x, y, _ = S.labelled_block(batches)
             if len(y):
                 self.losses.append(train_stage1(router, x, y, self.config, seed=self.seed * 100_003 + self.rounds))
             self.rounds += 1

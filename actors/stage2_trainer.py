@@ -12,7 +12,6 @@ import ray
 import torch
 from ray.util.queue import Queue
 
-from actors.batches import labelled_block
 from actors.clock import StageClock
 from actors.progress import epoch_reporter
 from memcl_ops.arrow import schema as S
@@ -59,7 +58,7 @@ class Stage2Trainer:
                fit: Callable[..., dict[str, float]], progress: Queue | None) -> dict[str, float]:
         with self.clock.time("stage2"), report_epochs(epoch_reporter(progress, "stage 2")):
             self._set_memory(memory_state)
-            x, y, ids = labelled_block(batches)
+            x, y, ids = S.labelled_block(batches)
             self.learned.append(ids)
             return fit(x, y, self.memory) if len(y) else {}
 

@@ -24,16 +24,6 @@ from memcl_ops.methods import MethodConfig, MethodSpec, build_head
 from memcl_ops.tensors import array_bytes, prefixed, state_part
 
 
-def labelled_rows(batches: list[pa.RecordBatch]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features, labels) of the labelled rows of `batches`, in stream order."""
-    if not batches:
-        return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)
-    labels = np.concatenate([S.labels_to_numpy(b) for b in batches])
-    keep = labels >= 0
-    features = np.concatenate([S.features_to_numpy(b) for b in batches])[keep]
-    return torch.from_numpy(features), torch.from_numpy(labels[keep])
-
-
 class FeatureLearner:
     def __init__(self, spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int = 0):
         self.spec, self.config, self.tags = spec, spec.resolve(config), spec.tags
@@ -59,7 +49,7 @@ class FeatureLearner:
         self.block.append(batch)
 
     def consolidate(self) -> dict[str, object]:
-        x, y = labelled_rows(self.block)
+        x, y, _ = S.labelled_block(tuple(self.block))
         self.block = []
         if self.spec.stage1 and len(y):
             train_stage1(self.memory.router, x, y, self.config.stage1, seed=self.seed * 100_003 + self.consolidations)

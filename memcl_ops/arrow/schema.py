@@ -392,3 +392,21 @@ def with_predictions(pairs: pa.RecordBatch, texts: list[str], answer_nll: torch.
     out = pairs.append_column(pa.field(PREDICTION, pa.string(), nullable=False), pa.array(texts, pa.string()))
     return out.append_column(pa.field(ANSWER_NLL, pa.float32(), nullable=False),
                              pa.array(answer_nll.numpy().astype("float32")))
+
+
+def labelled_block(batches: tuple[pa.RecordBatch | None, ...]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """(features, labels, sample_ids) of the labelled rows of `batches`, concatenated in stream order
+    (None stands for a batch the gate refused entirely)."""
+    feats, labels, ids = [], [], []
+    for b in batches:
+        if b is None:
+            continue
+        y = labels_to_numpy(b)
+        keep = y >= 0
+        feats.append(features_to_numpy(b)[keep])
+        labels.append(y[keep])
+        ids.append(sample_ids_to_numpy(b)[keep])
+    if not feats:
+        return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long), np.zeros(0, np.int64)
+    return (torch.from_numpy(np.concatenate(feats)), torch.from_numpy(np.concatenate(labels)),
+            np.concatenate(ids))

@@ -99,18 +99,9 @@ class SequentialLoRA(FrozenLM):
         self.block.append(batch)
 
     def consolidate(self) -> dict[str, object]:
-        prompts, answers = [], []
-        for b in self.block:
-            p, a = S.text_pairs(b)
-            prompts += p
-            answers += a
+        history = finetune(self.lm, self.adapters, self.block, self.config.finetune.optim,
+                           seed=self.seed * 100_003 + self.rounds)
         self.block = []
-        self.lm.model.train()
-        try:
-            history = finetune(self.lm, self.adapters, prompts, answers, self.config.finetune.optim,
-                               seed=self.seed * 100_003 + self.rounds)
-        finally:
-            self.lm.model.eval()
         self.rounds += 1
         return {"epoch_losses": history}
 

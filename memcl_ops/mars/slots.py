@@ -10,6 +10,7 @@ import torch
 
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.mars.sgse import Expansion
+from memcl_ops.tensors import prefixed, state_part
 
 
 class SlotMemory:
@@ -60,14 +61,14 @@ class SlotMemory:
                 "refused_expansions": self.refused_expansions}
 
     def state(self) -> dict[str, np.ndarray]:
-        out = {f"router.{k}": v for k, v in self.router.state().items()}
+        out = prefixed("router", self.router.state())
         out["slot_history"] = np.array(self.slot_history, dtype=np.int64).reshape(-1, 2)
         out["expansions"] = np.array(json.dumps(self.expansions))
         out["counters"] = np.array([self.routed, self.refused_expansions], dtype=np.int64)
         return out
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.router.load_state({k[7:]: v for k, v in state.items() if k.startswith("router.")})
+        self.router.load_state(state_part(state, "router"))
         self.slot_history = [tuple(int(x) for x in row) for row in state["slot_history"]]
         self.expansions = json.loads(str(state["expansions"]))
         self.routed, self.refused_expansions = (int(x) for x in state["counters"])
