@@ -56,16 +56,22 @@ class MemoryManager:
         self.prototypes = DirectionMemory(dim, dim, stores.prototypes) if stores.prototypes is not None else None
         self.replay = TextReplayBuffer(dim, stores.replay) if stores.replay is not None else None
         self.learned: list[np.ndarray] = []  # sample ids written into the LM stores, for exactly-once accounting
+        self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # the round's features (`keep`)
         self.clock = StageClock()
 
-    def route(self, batch: pa.RecordBatch | None, expansions: list[Expansion] | None = None) -> pa.RecordBatch | None:
+    def route(self, batch: pa.RecordBatch | None, expansions: list[Expansion] | None = None, keep: bool = False
+              ) -> pa.RecordBatch | None:
         """Confidence and query per sample (for SGSE); also folds the batch into the anchor statistics.
         `expansions` (the monitor's verdict on the previous batch) are applied first, which saves the stream a
-        separate call per batch. None (every row refused at the gate) passes through."""
+        separate call per batch. None (every row refused at the gate) passes through. `keep`: also keep the batch
+        for `take_block` (the compiled chain, whose batches never reach the driver as object refs)."""
         if expansions:
             self.expand(expansions)
         if batch is None:
             return None
+        if keep:  # copied: a compiled graph's input lives in a channel buffer that the next batch overwrites
+            self.kept.append((S.sample_ids_to_numpy(batch).copy(), np.array(S.features_to_numpy(batch)),
+                              S.labels_to_numpy(batch).copy()))
         with self.clock.time("route"):
             q, probs = self.slots.route(S.features_to_torch(batch))
             return pa.RecordBatch.from_arrays(
@@ -75,6 +81,14 @@ class MemoryManager:
     def expand(self, expansions: list[Expansion]) -> int:
         with self.clock.time("expand"):
             return self.slots.expand(expansions)
+
+    def take_block(self) -> pa.RecordBatch | None:
+        """The batches kept since the last take, as one feature batch in stream order (None: none kept)."""
+        kept, self.kept = self.kept, []
+        if not kept:
+            return None
+        ids, feats, labels = (np.concatenate(part) for part in zip(*kept))
+        return S.feature_batch(ids, feats, labels)
 
     def memory_state(self) -> dict[str, np.ndarray]:
         return self.slots.router.state()

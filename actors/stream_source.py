@@ -9,7 +9,7 @@ import ray
 
 from actors.clock import StageClock
 from memcl_ops.arrow import schema as S
-from memcl_ops.arrow.gate import gate
+from memcl_ops.arrow.gate import empty_dead_letters, gate
 from memcl_ops.data.datasets import DatasetUnavailable
 from memcl_ops.data.sources import SourceSpec, StreamInfo, build_stream
 from memcl_ops.data.streams import StreamSpec
@@ -32,6 +32,8 @@ class StreamSource:
             self.args = None
             self.stream = build_stream(source, stream)
             self.args = (source, stream)
+        elif self.stream.describe().cacheable:  # a kept dataset: without the features an earlier run handed it
+            self.stream.drop_cached_features()
         self.info: StreamInfo = self.stream.describe()
         self.max_batch_rows = max_batch_rows
         self.clock = StageClock()
@@ -60,8 +62,11 @@ class StreamSource:
         self.info.feature_dim = int(features.shape[1])
 
     @ray.method(num_returns=2)
-    def train_batch(self, visit: int, index: int) -> tuple[pa.RecordBatch | None, pa.Table]:
-        """(rows that pass the gate, dead letters) of one training batch."""
+    def train_batch(self, visit: int | None, index: int | None) -> tuple[pa.RecordBatch | None, pa.Table]:
+        """(rows that pass the gate, dead letters) of one training batch; (None, none) for `visit` None, the empty
+        places of the compiled chain's last step of a round (pipeline/compiled_chain.py)."""
+        if visit is None:
+            return None, empty_dead_letters()
         with self.clock.time("source"):
             return gate(self.stream.train_batch(visit, index), self.contract())
 

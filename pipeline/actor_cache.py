@@ -5,13 +5,15 @@ from __future__ import annotations
 import ray
 from ray import exceptions as rex
 
-# Failures of the machinery (a worker or actor died, an object was lost) that a replay from the last good
-# state repairs; anything else (a bug, bad code) is re-raised at once.
+# Failures of the machinery (a worker or actor died, an object was lost, a compiled graph's channel broke with
+# its actor) that a replay from the last good state repairs; anything else (a bug, bad code) is re-raised at once.
 FAULTS = (rex.RayActorError, rex.ActorUnavailableError, rex.ObjectLostError, rex.OwnerDiedError,
-          rex.WorkerCrashedError)
+          rex.WorkerCrashedError, rex.RayChannelError)
 
 
 def is_fault(err: BaseException) -> bool:
+    if isinstance(err, rex.RayChannelTimeoutError):  # a hung step: replaying it would hang again
+        return False
     return isinstance(err, FAULTS) or (isinstance(err, rex.RayTaskError) and isinstance(err.cause, FAULTS))
 
 

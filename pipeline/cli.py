@@ -107,10 +107,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "throughput":
         from pipeline.throughput import table, throughput
 
-        rows = throughput(images=args.images, image_size=args.image_size, out=args.bench_out, repeats=args.repeats)
+        rows, stage_rows = throughput(images=args.images, image_size=args.image_size, out=args.bench_out,
+                                      repeats=args.repeats)
         print()
-        print(table(rows))
-        print(f"throughput.csv and throughput.png: {Path(args.bench_out) / 'throughput'}")
+        print(table(rows, stage_rows))
+        print(f"throughput.csv, stages.csv and throughput.png: {Path(args.bench_out) / 'throughput'}")
         return 0
     from pipeline import bench, preflight
 
@@ -220,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ben = command("bench", "every method side by side on one stream (suites: " + ", ".join(SUITES) + ")")
     ben.add_argument("suite", choices=[*sorted(SUITES), "throughput"],
-                     help="a suite of methods on one stream, or `throughput`: bare encoder loop vs actor pipeline")
+                     help="a suite of methods on one stream, or `throughput`: bare loop, actor calls, compiled graph")
     ben.add_argument("--images", type=int, default=2560, help="throughput: images streamed per case")
     ben.add_argument("--image-size", type=int, default=64, help="throughput: EfficientNet input resolution")
     ben.add_argument("--repeats", type=int, default=3, help="throughput: alternating timings per case (medians)")

@@ -30,6 +30,7 @@ from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import MethodSpec
 from pipeline import checkpoint, preflight, runner
 from pipeline.actor_cache import ActorCache
+from pipeline.compiled_chain import ChainActors, CompiledChain
 from pipeline.config import RunConfig
 from pipeline.encoder_pool import EncoderPool
 from pipeline.progress import InFlight, Progress, Reports
@@ -79,6 +80,7 @@ class FeaturePipeline:
         actors.get("stage2", Stage2Trainer, light, method, dim, seed, threads)
         names.append("stage2")
         self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else ())
+        self.chain: CompiledChain | None = None  # compiled on first use, again after a fault
         self._prepare_encoders()
 
     def _prepare_encoders(self) -> None:
@@ -150,17 +152,13 @@ class FeaturePipeline:
         first, last = batches[0][0], batches[-1][0]
         what = (f"task {info.visits[first] + 1}/{len(info.task_classes)} (visit {first + 1}/{len(info.visits)})"
                 if first == last else f"visits {first + 1}-{last + 1}/{len(info.visits)}")
-        in_flight = InFlight(rt.max_in_flight, reports.progress.bar(f"{what} stream", len(batches)))
+        bar = reports.progress.bar(f"{what} stream", len(batches))
         t_stream = time.perf_counter()
-        block: list[ray.ObjectRef] = []
         letters: list[ray.ObjectRef] = []
-        for v, i in batches:
-            feats, tail = self.learn_batch(v, i, letters)
-            block.append(feats)
-            if on_batch is not None:
-                on_batch(v, i)
-            in_flight.add(tail)
-        in_flight.drain()
+        if rt.transport == "compiled":
+            block, refused = self.stream_compiled(batches, bar, on_batch)
+        else:
+            block, refused = self.stream_classic(batches, bar, letters, on_batch), []
         seconds = {"stream": time.perf_counter() - t_stream}
         consolidation, trained = self.consolidate(block, reports, what)
         seconds.update(trained)
@@ -180,10 +178,49 @@ class FeaturePipeline:
             recent = seen if rt.evaluate_window is None else seen[-rt.evaluate_window:]
             # the test data as of the last visit ended (a drifting stream tests where its classes have moved)
             accuracy = self.evaluate(sorted(recent), ended[-1] if ended else max(last - 1, 0), letters)
-        refused = [t for t in ray.get(letters) if t.num_rows]
+        refused = [t for t in [*refused, *ray.get(letters)] if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
                             seconds, consolidation)
+
+    def stream_classic(self, batches: RoundBatches, bar, letters: list[ray.ObjectRef], on_batch: BatchHook | None
+                       ) -> list[ray.ObjectRef]:
+        """The round's batches as actor calls (their dead letters join `letters`); returns the round's block."""
+        in_flight = InFlight(self.config.runtime.max_in_flight, bar)
+        block: list[ray.ObjectRef] = []
+        for v, i in batches:
+            feats, tail = self.learn_batch(v, i, letters)
+            block.append(feats)
+            if on_batch is not None:
+                on_batch(v, i)
+            in_flight.add(tail)
+        in_flight.drain()
+        return block
+
+    def stream_compiled(self, batches: RoundBatches, bar, on_batch: BatchHook | None
+                        ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:
+        """The round's batches through the compiled chain: (the round's block, its dead-letter tables)."""
+        if self.chain is None:
+            rt = self.config.runtime
+            self.chain = CompiledChain(ChainActors(
+                self.source, self.encoders.replicas if self.inline else (), self.memory if self.spec.memory else None,
+                self.monitor, accumulate=self.merges,
+                reference_signal=self.monitor is not None and self.method.sgse.signal == "reference"),
+                rt.max_in_flight, rt.compiled_timeout_s)
+
+        def on_step(step: list[tuple[int, int]]) -> None:
+            bar.update(len(step))
+            for v, i in step if on_batch is not None else ():
+                on_batch(v, i)
+        block, refused = self.chain.stream(batches, on_step)
+        bar.close()
+        return block, refused
+
+    def close(self) -> None:
+        """Release the actors from the compiled chain, if one was built."""
+        if self.chain is not None:
+            self.chain.close()
+            self.chain = None
 
     def evaluate(self, tasks: list[int], after_visit: int, letters: list[ray.ObjectRef]) -> dict[int, float]:
         """Accuracy per task on its test data (refused test rows join `letters`)."""
@@ -210,6 +247,7 @@ class FeaturePipeline:
     def revive(self, parts: dict[str, checkpoint.State]) -> None:
         """After a fault: every role alive and reset, the source given its features again, all restored."""
         self.expansions = None  # belonged to the replayed round
+        self.close()  # the fault shut the compiled graph down; it is compiled again over the revived actors
         self.roles.revive()
         if self.encoders is not None:
             self.encoders.revive()

@@ -276,6 +276,9 @@ class LMPipeline:
                 return ray.get(self.roles.handle(role).learned_ids.remote())
         return np.zeros(0, np.int64)
 
+    def close(self) -> None:
+        """Nothing to release: this family streams through classic actor calls only."""
+
     def finish(self, state: runner.RunState) -> dict:
         acc = np.array(state.acc_rows, dtype=np.float64)
         nll = np.full_like(acc, np.nan)

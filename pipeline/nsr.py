@@ -156,6 +156,9 @@ class NSRPipeline:
     def learned_ids(self) -> np.ndarray:
         return ray.get(self.trainer.learned_ids.remote())
 
+    def close(self) -> None:
+        """Nothing to release: this family streams through classic actor calls only."""
+
     def finish(self, state: RunState) -> dict:
         return {"allocation": self.nsr.allocation, "adapter": self.trainer_info,
                 "recovery": recovery_summary(state.round_log),

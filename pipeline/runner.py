@@ -173,6 +173,8 @@ class StreamPipeline(Protocol):
 
     def finish(self, state: RunState) -> dict: ...  # the family's entries of metrics.json
 
+    def close(self) -> None: ...  # release what the pipeline holds besides its actors (a compiled graph)
+
 
 def plan_rounds(info: StreamInfo, task_free: bool, every: int) -> list[RoundBatches]:
     """The units of consolidation, commit and replay: one visit each when task boundaries are given; K
@@ -233,9 +235,12 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
 
                 pipe = FeaturePipeline(config, spec, info, actors, bars)
             metrics = {"method": config.method.name, "seed": config.seed, "class_names": info.extra.get("class_names")}
-            return stream(pipe, run_dir, resume is not None, config.runtime, bars, metrics,
-                          started=started, setup_seconds=time.perf_counter() - t0, on_batch=on_batch,
-                          on_round=on_round)
+            try:
+                return stream(pipe, run_dir, resume is not None, config.runtime, bars, metrics,
+                              started=started, setup_seconds=time.perf_counter() - t0, on_batch=on_batch,
+                              on_round=on_round)
+            finally:
+                pipe.close()
         except KeyboardInterrupt:
             raise RunInterrupted(run_dir) from None
     finally:

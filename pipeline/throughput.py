@@ -1,14 +1,16 @@
-"""`memcl bench throughput`: the same images through (a) a bare in-process loop calling the encoder directly
-and (b) the full actor pipeline (source -> encoder pool -> memory -> monitor, then stage 1/2 and evaluation),
-side by side in one run, for several batch sizes and replica counts.
+"""`memcl bench throughput`: the same stream through (a) a bare in-process loop doing the pipeline's per-batch work
+(build the batch, encode it or slice the cached features, gate it, the MARS learner's observe: route and SGSE),
+(b) the actor pipeline with one call per hop (`runtime.transport: actors`) and (c) the same actors as a Ray
+Compiled Graph (`runtime.transport: compiled`), side by side in one run, for a cheap encoder, cached EfficientNet
+features and EfficientNet encoded in-line.
 
-Prints samples/s of each, the ratio (b)/(a) over the streaming phase (where the data flows through the
-encoder; training and evaluation follow it and are reported in the breakdown), the per-stage busy time
-(source, encode, route, monitor, train, evaluate) and the Ray overhead (streaming wall time the encoder
-was not busy), and the per-batch overhead of the actor chain next to Ray's own floor on this machine: the same
-batches through a chain of as many no-op actors as the pipeline has hops. Bare loop and pipeline alternate
-`repeats` times and the medians are reported (on a shared 2-core VM single timings vary by ±20 %).
-Writes throughput.csv and throughput.png.
+Prints samples/s of each over the streaming phase (where data flows through the chain; training and evaluation
+follow it), the ratios (b)/(a) and (c)/(a), the chain overhead per batch ((stream wall - bare loop) / batches) of
+(b) and (c) next to Ray's own floor on this machine (the same batches through as many no-op actors as the pipeline
+has hops, with classic calls and compiled), and the per-stage busy time of each transport (source, encode, route,
+monitor, train, evaluate, and the streaming wall time no encoder was busy). (a), (b) and (c) alternate `repeats`
+times and the medians are reported (on a shared 2-core VM single timings vary by +-20 %).
+Writes throughput.csv, stages.csv and throughput.png.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ import numpy as np
 import pyarrow as pa
 import ray
 import torch
+from ray.dag import InputNode
 
 from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.gate import gate
 from memcl_ops.data.datasets import Dataset, load_fashion_mnist
+from memcl_ops.methods import MethodConfig, build_learner
 from memcl_ops.models.encoders import Encoder, EncoderSpec, build_encoder
 from pipeline import runner
 from pipeline.actor_cache import ActorCache
@@ -37,6 +42,8 @@ from pipeline.progress import InFlight, Progress
 
 CORES = 2  # the machine this is measured on; encoder threads are split between replicas
 HOPS = 4  # actor calls per streamed batch: source, encoder, memory.route, monitor.observe
+TRANSPORTS = ("actors", "compiled")
+STAGES = ("source", "encode", "route", "monitor", "train", "evaluate", "ray_overhead")
 
 
 @dataclass
@@ -45,12 +52,19 @@ class Case:
     batch_size: int
     replicas: int
     images: int | None = None  # None: the run's --images
+    cached: bool = False  # the features come from the feature cache: no encoder in the chain
+
+    @property
+    def label(self) -> str:
+        return f"{self.encoder}{' (cached)' if self.cached else ''}"
 
 
 def default_cases() -> list[Case]:
-    # The cheap encoder streams 100 batches, so the chain's per-batch cost is not swamped by its fill and drain.
+    # The cheap encoder and the cached features stream 100 and 47 batches, so the chain's per-batch cost is not
+    # swamped by its fill and drain.
     return [Case("efficientnet-lite0", 256, 1), Case("efficientnet-lite0", 512, 1),
-            Case("efficientnet-lite0", 256, 2), Case("tiny", 256, 1, images=25_600)]
+            Case("efficientnet-lite0", 256, 2), Case("tiny", 256, 1, images=25_600),
+            Case("efficientnet-lite0", 256, 1, images=12_000, cached=True)]
 
 
 def images_per_class(images: int) -> int:
@@ -66,12 +80,24 @@ def raw_batch(ds: Dataset, rows: np.ndarray) -> pa.RecordBatch:
     return S.raw_batch(rows, S.IMAGE, ds.train_x[rows], ds.train_y[rows], image_shape=(28, 28))
 
 
-def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, batch_size: int) -> float:
-    """Seconds to encode the stream's images in this process: build each raw batch, call the encoder."""
-    encoder.encode(raw_batch(ds, rows[:batch_size]))  # warm-up, as the pipeline's actors are before they are timed
+def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, case: Case) -> float:
+    """Seconds for the pipeline's per-batch work in this process, on one stream: the raw batch, encoded (or the
+    cached features sliced into a feature batch), gated, observed by a fresh MARS learner."""
+    bs = case.batch_size
+    chunks = [rows[a:a + bs] for a in range(0, len(rows), bs)]
+    cached = [encoder.encode(raw_batch(ds, chunk)) for chunk in chunks] if case.cached else None
+    contract = S.Contract(feature_dim=encoder.dim, require_labels=True)
+
+    def features(k: int) -> pa.RecordBatch:
+        feats = cached[k] if cached is not None else encoder.encode(raw_batch(ds, chunks[k]))
+        return S.feature_batch(chunks[k], feats, ds.train_y[chunks[k]])  # built per batch, as the source does
+
+    learner = build_learner("mars", MethodConfig(), feature_dim=encoder.dim)
+    learner.observe(gate(features(0), contract)[0])  # warm-up, as the pipeline's actors are before they are timed
+    learner = build_learner("mars", MethodConfig(), feature_dim=encoder.dim)
     start = time.perf_counter()
-    for a in range(0, len(rows), batch_size):
-        encoder.encode(raw_batch(ds, rows[a:a + batch_size]))
+    for k in range(len(chunks)):
+        learner.observe(gate(features(k), contract)[0])
     return time.perf_counter() - start
 
 
@@ -83,9 +109,11 @@ class Relay:
         return batch
 
 
-def ray_floor(ds: Dataset, rows: np.ndarray, batch_size: int, in_flight: int) -> float:
-    """Seconds to push the stream's raw batches through HOPS no-op actors, submitted like the runner does."""
-    batches = [ray.put(raw_batch(ds, rows[a:a + batch_size])) for a in range(0, len(rows), batch_size)]
+def ray_floor(ds: Dataset, rows: np.ndarray, batch_size: int, in_flight: int) -> dict[str, float]:
+    """Seconds to push the stream's raw batches through HOPS no-op actors, submitted like the runner does: one
+    classic call per hop, and the same relays as a compiled graph."""
+    raws = [raw_batch(ds, rows[a:a + batch_size]) for a in range(0, len(rows), batch_size)]
+    batches = [ray.put(raw) for raw in raws]
     relays = [Relay.remote() for _ in range(HOPS)]
     ray.get([r.forward.remote(None) for r in relays])
     window = InFlight(in_flight, Progress(enabled=False).bar("", len(batches)))
@@ -95,82 +123,119 @@ def ray_floor(ds: Dataset, rows: np.ndarray, batch_size: int, in_flight: int) ->
             batch = relay.forward.remote(batch)
         window.add(batch)
     window.drain()
-    seconds = time.perf_counter() - start
+    classic = time.perf_counter() - start
+    with InputNode() as batch:
+        node = batch
+        for relay in relays:
+            node = relay.forward.bind(node)
+    dag = node.experimental_compile(_max_inflight_executions=in_flight)
+    wait_s = RuntimeConfig().compiled_timeout_s
+    ray.get(dag.execute(raws[0]), timeout=wait_s)  # the first execution sets the channels up
+    pending = []
+    start = time.perf_counter()
+    for raw in raws:
+        pending.append(dag.execute(raw))
+        if len(pending) >= in_flight:
+            ray.get(pending.pop(0), timeout=wait_s)
+    for ref in pending:
+        ray.get(ref, timeout=wait_s)
+    compiled = time.perf_counter() - start
+    dag.teardown()
     for relay in relays:
         ray.kill(relay)
-    return seconds
+    return {"actors": classic, "compiled": compiled}
 
 
-def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: ActorCache) -> dict:
+def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: ActorCache, transport: str) -> dict:
     config = load_config(overrides={
         "stream.tasks": 1, "stream.train_per_class": images_per_class(images), "stream.test_per_class": 20,
         "stream.batch_size": case.batch_size, "encoder.spec.name": case.encoder,
         "encoder.spec.image_size": image_size, "encoder.replicas": case.replicas,
         "encoder.threads": max(CORES // case.replicas, 1),
         "method.stage1.optim.epochs": 2, "method.stage2.optim.epochs": 2,
-        "runtime.cache_dir": "", "runtime.checkpoint": False, "runtime.progress": False, "runtime.out": str(out)})
+        "runtime.cache_dir": str(out.parent / "cache") if case.cached else "", "runtime.checkpoint": False,
+        "runtime.progress": False, "runtime.out": str(out), "runtime.transport": transport})
     return runner.run(config, actors=actors).metrics
 
 
-def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCache, repeats: int = 3) -> dict:
-    images = case.images or images
-    ds = load_fashion_mnist()
-    rows = stream_rows(ds, images)
-    torch.set_num_threads(CORES)
-    encoder = build_encoder(EncoderSpec(case.encoder, image_size=image_size, device="cpu"))
-    pipeline_run(case, case.batch_size, image_size, out, actors)  # warm-up: one batch through every actor
-    bares, runs = [], []
-    for _ in range(repeats):  # alternate, so slow spells of the machine hit both sides
-        bares.append(bare_loop(encoder, ds, rows, case.batch_size))
-        runs.append(pipeline_run(case, images, image_size, out, actors))
-    bare = float(np.median(bares))
-    metrics = sorted(runs, key=lambda m: m["wall_seconds"]["stream"])[len(runs) // 2]  # the median run
+def stages(metrics: dict, replicas: int) -> dict[str, float]:
     wall, busy = metrics["wall_seconds"], metrics["actor_busy_seconds"]
-    n = metrics["samples"]["stream"]
-    batches = -(-n // case.batch_size)
-    floor = ray_floor(ds, rows, case.batch_size, RuntimeConfig().max_in_flight)
     encode = sum(v for k, v in busy.items() if k.endswith(".encode"))
-    stages = {
+    return {
         "source": busy.get("source.source", 0.0), "encode": encode,
         "route": busy.get("memory.route", 0.0) + busy.get("memory.expand", 0.0),
         "monitor": busy.get("monitor.monitor", 0.0),
         "train": busy.get("stage1.stage1", 0.0) + busy.get("stage2.stage2", 0.0),
         "evaluate": busy.get("stage2.evaluate", 0.0),
         # streaming wall time in which no encoder replica was working (per replica, they run side by side)
-        "ray_overhead": max(wall["stream"] - encode / case.replicas, 0.0),
+        "ray_overhead": max(wall["stream"] - encode / replicas, 0.0),
     }
-    return {"encoder": case.encoder, "batch_size": case.batch_size, "replicas": case.replicas, "images": n,
-            "bare_samples_per_s": n / bare, "pipeline_samples_per_s": n / wall["stream"],
-            "ratio": bare / wall["stream"], "end_to_end_samples_per_s": n / wall["total"],
-            "chain_overhead_ms_per_batch": 1000 * (wall["stream"] - bare) / batches,
-            "ray_floor_ms_per_batch": 1000 * floor / batches, "repeats": repeats,
-            **{f"seconds.{k}": v for k, v in stages.items()}, "seconds.stream_wall": wall["stream"],
-            "seconds.bare": bare}
 
 
-def write(rows: list[dict], folder: Path) -> None:
+def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCache, repeats: int = 3
+            ) -> tuple[dict, list[dict]]:
+    """(one row of ratios for `case`, its per-stage rows per transport)."""
+    images = case.images or images
+    ds = load_fashion_mnist()
+    rows = stream_rows(ds, images)
+    torch.set_num_threads(CORES)
+    encoder = build_encoder(EncoderSpec(case.encoder, image_size=image_size, device="cpu"))
+    for transport in TRANSPORTS:  # warm-up: every actor started (and, cached, the feature cache filled)
+        pipeline_run(case, images if case.cached else case.batch_size, image_size, out, actors, transport)
+    bares: list[float] = []
+    runs: dict[str, list[dict]] = {t: [] for t in TRANSPORTS}
+    for _ in range(repeats):  # alternate, so slow spells of the machine hit every side
+        bares.append(bare_loop(encoder, ds, rows, case))
+        for transport in TRANSPORTS:
+            runs[transport].append(pipeline_run(case, images, image_size, out, actors, transport))
+    bare = float(np.median(bares))
+    floor = ray_floor(ds, rows, case.batch_size, RuntimeConfig().max_in_flight)
+    n = runs["actors"][0]["samples"]["stream"]
+    batches = -(-n // case.batch_size)
+    row = {"encoder": case.label, "batch_size": case.batch_size, "replicas": case.replicas, "images": n,
+           "repeats": repeats, "bare_samples_per_s": n / bare, "seconds.bare": bare}
+    stage_rows = []
+    for transport, metrics in runs.items():
+        median = sorted(metrics, key=lambda m: m["wall_seconds"]["stream"])[len(metrics) // 2]
+        wall = median["wall_seconds"]["stream"]
+        row.update({f"{transport}.samples_per_s": n / wall, f"{transport}.ratio": bare / wall,
+                    f"{transport}.overhead_ms_per_batch": 1000 * (wall - bare) / batches,
+                    f"{transport}.floor_ms_per_batch": 1000 * floor[transport] / batches,
+                    f"{transport}.stream_wall": wall})
+        stage_rows.append({"encoder": case.label, "batch_size": case.batch_size, "replicas": case.replicas,
+                           "transport": transport, **{f"seconds.{k}": v for k, v in
+                                                      stages(median, case.replicas).items()}})
+    return row, stage_rows
+
+
+def write(rows: list[dict], stage_rows: list[dict], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "throughput.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    for name, table_rows in (("throughput.csv", rows), ("stages.csv", stage_rows)):
+        with open(folder / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, list(table_rows[0]))
+            writer.writeheader()
+            writer.writerows(table_rows)
     labels = [f"{r['encoder']}\nbatch {r['batch_size']}, x{r['replicas']}" for r in rows]
     x = np.arange(len(rows))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-    left.bar(x - 0.2, [r["bare_samples_per_s"] for r in rows], 0.4, label="(a) bare encoder loop")
-    left.bar(x + 0.2, [r["pipeline_samples_per_s"] for r in rows], 0.4, label="(b) actor pipeline (stream)")
-    for xi, r in zip(x, rows):
-        left.text(xi + 0.2, r["pipeline_samples_per_s"], f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=8)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4))
+    left.bar(x - 0.27, [r["bare_samples_per_s"] for r in rows], 0.27, label="(a) bare in-process loop")
+    for offset, transport, name in ((0.0, "actors", "(b) actor calls"), (0.27, "compiled", "(c) compiled graph")):
+        values = [r[f"{transport}.samples_per_s"] for r in rows]
+        left.bar(x + offset, values, 0.27, label=name)
+        for xi, r, v in zip(x, rows, values):
+            left.text(xi + offset, v, f"{r[f'{transport}.ratio']:.2f}x", ha="center", va="bottom", fontsize=7)
     left.set_xticks(x, labels, fontsize=7)
-    left.set_ylabel("samples/s")
+    left.set_ylabel("samples/s (streaming phase)")
     left.set_yscale("log")
     left.legend(fontsize=8)
-    bottom = np.zeros(len(rows))
-    for stage in ("source", "encode", "route", "monitor", "train", "evaluate", "ray_overhead"):
-        values = np.array([r[f"seconds.{stage}"] for r in rows])
-        right.bar(x, values, 0.6, bottom=bottom, label=stage)
+    sx = np.arange(len(stage_rows))
+    bottom = np.zeros(len(stage_rows))
+    for stage in STAGES:
+        values = np.array([r[f"seconds.{stage}"] for r in stage_rows])
+        right.bar(sx, values, 0.6, bottom=bottom, label=stage)
         bottom += values
-    right.set_xticks(x, labels, fontsize=7)
+    right.set_xticks(sx, [f"{r['encoder']} b{r['batch_size']} x{r['replicas']}\n{r['transport']}"
+                          for r in stage_rows], fontsize=6, rotation=60)
     right.set_ylabel("seconds (actor busy time; overhead: stream wall - encode)")
     right.legend(fontsize=7)
     fig.tight_layout()
@@ -178,31 +243,39 @@ def write(rows: list[dict], folder: Path) -> None:
     plt.close(fig)
 
 
-def table(rows: list[dict]) -> str:
-    head = ("| encoder | batch | replicas | (a) bare samples/s | (b) pipeline samples/s | (b)/(a) | chain overhead "
-            "ms/batch | Ray floor ms/batch | source | encode | route | monitor | train | evaluate | Ray overhead (s) |")
-    lines = [head, "|" + "---|" * 15]
+def table(rows: list[dict], stage_rows: list[dict]) -> str:
+    head = ("| stream | batch | replicas | (a) bare samples/s | (b) actors samples/s | (b)/(a) | (c) compiled "
+            "samples/s | (c)/(a) | (b) overhead ms/batch | (c) overhead ms/batch | Ray floor actors ms/batch | "
+            "Ray floor compiled ms/batch |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         lines.append(
             f"| {r['encoder']} | {r['batch_size']} | {r['replicas']} | {r['bare_samples_per_s']:.0f} | "
-            f"{r['pipeline_samples_per_s']:.0f} | {r['ratio']:.3f} | {r['chain_overhead_ms_per_batch']:.1f} | "
-            f"{r['ray_floor_ms_per_batch']:.1f} | "
-            + " | ".join(f"{r[f'seconds.{s}']:.2f}" for s in
-                         ("source", "encode", "route", "monitor", "train", "evaluate", "ray_overhead")) + " |")
+            f"{r['actors.samples_per_s']:.0f} | {r['actors.ratio']:.3f} | {r['compiled.samples_per_s']:.0f} | "
+            f"{r['compiled.ratio']:.3f} | {r['actors.overhead_ms_per_batch']:.2f} | "
+            f"{r['compiled.overhead_ms_per_batch']:.2f} | {r['actors.floor_ms_per_batch']:.2f} | "
+            f"{r['compiled.floor_ms_per_batch']:.2f} |")
+    lines += ["", "| stream | batch | replicas | transport | " + " | ".join(STAGES) + " (s) |",
+              "|" + "---|" * (4 + len(STAGES))]
+    for r in stage_rows:
+        lines.append(f"| {r['encoder']} | {r['batch_size']} | {r['replicas']} | {r['transport']} | "
+                     + " | ".join(f"{r[f'seconds.{s}']:.2f}" for s in STAGES) + " |")
     return "\n".join(lines)
 
 
 def throughput(images: int = 2560, image_size: int = 64, cases: list[Case] | None = None,
-               out: str | Path = "runs/bench", repeats: int = 3, log=print) -> list[dict]:
+               out: str | Path = "runs/bench", repeats: int = 3, log=print) -> tuple[list[dict], list[dict]]:
     folder = Path(out) / "throughput"
     runner.ensure_ray(load_config())
     actors = ActorCache()
-    rows = []
+    rows, stage_rows = [], []
     try:
         for case in cases or default_cases():
-            rows.append(measure(case, images, image_size, folder / "runs", actors, repeats))
-            log(f"{case}: ratio {rows[-1]['ratio']:.3f}")
-            write(rows, folder)
+            row, per_stage = measure(case, images, image_size, folder / "runs", actors, repeats)
+            rows.append(row)
+            stage_rows += per_stage
+            log(f"{case}: actors {row['actors.ratio']:.3f}x, compiled {row['compiled.ratio']:.3f}x of the bare loop")
+            write(rows, stage_rows, folder)
     finally:
         actors.close()
-    return rows
+    return rows, stage_rows

@@ -76,6 +76,11 @@ class DatasetStream:
     def __init__(self, dataset: Dataset, spec: StreamSpec):
         self.dataset, self.spec = dataset, spec
         self.plan: StreamPlan = make_plan(dataset.train_y, dataset.test_y, dataset.num_classes, spec)
+        self.drop_cached_features()
+
+    def drop_cached_features(self) -> None:
+        """Forget the features `set_features` handed over: raw rows again, as a new run without a cache needs."""
+        dataset = self.dataset
         self.features: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # split -> (sorted rows, features)
         if dataset.payload == "features":
             self.features = {"train": (np.arange(len(dataset.train_y)), dataset.train_x),

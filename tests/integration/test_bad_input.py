@@ -43,15 +43,17 @@ def streams(draw):
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(batches=streams(), method=st.sampled_from(["mars", "finetune"]))
-def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, method):
+@given(batches=streams(), method=st.sampled_from(["mars", "finetune"]),
+       transport=st.sampled_from(["actors", "compiled"]))
+def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, method, transport):
     root = tmp_path_factory.mktemp("stream")
     write_stream(root / "data", batches, [clean_test_batch(0, 1), clean_test_batch(1, 2)])
     config = load_config(overrides={
         "data.dataset": f"arrow:{root / 'data'}", "data.payload": "features", "data.feature_dim": DIM,
         "data.labels": list(LABELS), "method.name": method, "method.router.initial_slots": 2,
         "method.stage1.optim.epochs": 1, "method.stage2.optim.epochs": 2, "runtime.max_batch_rows": 12,
-        "runtime.out": str(root / "runs"), "runtime.progress": False, "runtime.actor_threads": 1})
+        "runtime.out": str(root / "runs"), "runtime.progress": False, "runtime.actor_threads": 1,
+        "runtime.transport": transport})
     metrics = runner.run(config, actors=actors).metrics
 
     dead_dir = root / "runs" / next((root / "runs").iterdir()).name / "dead_letters"

@@ -30,16 +30,19 @@ POINTS = np.random.default_rng(8).integers(0, [5, 2], size=(3, 2)).tolist()  # s
 
 
 ROLES = ["encoder0", "memory", "stage2", "stage1", "monitor"]
-# One point per role in the default tier (alternating the two ways an actor comes back); every point in `slow`.
-CASES = [pytest.param(role, point, marks=() if point == i % len(POINTS) else pytest.mark.slow)
+# One point per role and transport in the default tier (alternating the two ways an actor comes back; the compiled
+# chain at another point than the classic one); every point in `slow`.
+CASES = [pytest.param(role, point, transport,
+                      marks=() if point == (i + shift) % len(POINTS) else pytest.mark.slow)
+         for shift, transport in enumerate(("actors", "compiled"))
          for i, role in enumerate(ROLES) for point in range(len(POINTS))]
 
 
-@pytest.mark.parametrize("role, point", CASES)
-def test_killed_actor_is_recovered_exactly_once(actors, reference, tmp_path, role, point):
+@pytest.mark.parametrize("role, point, transport", CASES)
+def test_killed_actor_is_recovered_exactly_once(actors, reference, tmp_path, role, point, transport):
     at = tuple(POINTS[point])
     hook, done = killer(actors, role, at, restart=point % 2 == 1)  # alternate Ray restarts and fresh actors
-    metrics = runner.run(config(tmp_path), actors=actors, on_batch=hook).metrics
+    metrics = runner.run(config(tmp_path, **{"runtime.transport": transport}), actors=actors, on_batch=hook).metrics
     assert done and metrics["recoveries"] >= 1
     np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(reference["acc_matrix"]))
     samples = metrics["samples"]

@@ -1,0 +1,105 @@
+"""The fast path of the features pipeline's per-batch chain (`runtime.transport: compiled`): the same actors and
+methods as the classic chain (pipeline/features.py), wired once into a Ray Compiled Graph, so a batch moves
+between them through shared-memory channels instead of a task submission and an object-store round trip per hop.
+
+One execution is one step of R batches, R = the encoder replicas (1 without encoders):
+
+    source.train_batch x R -> [encoder_j.encode] -> memory.route -> monitor.observe -> memory.route -> ...
+                                                  -> memory.expand (the last batch's expansions)
+
+Batch j+1 is routed after the expansions of batch j, as on the classic path, so both paths give the same result.
+The round's features stay with the actor that needs them: the MemoryManager keeps what it routes (`take_block`),
+and a method without a memory gets its features back at the driver, which puts them into the object store.
+An actor's death shuts a compiled graph down: the runner replays the round as after any fault, and the chain is
+compiled again over the revived actors (`close` then a new `CompiledChain`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import ray
+from ray.dag import InputNode, MultiOutputNode
+
+Handle = ray.actor.ActorHandle
+
+
+@dataclass(frozen=True)
+class ChainActors:
+    """The actors one step passes through (None: the method has no such role)."""
+
+    source: Handle
+    encoders: Sequence[Handle] = ()
+    memory: Handle | None = None
+    monitor: Handle | None = None
+    accumulate: bool = False  # the encoders also sum an analytic head's statistics
+    reference_signal: bool = False  # the monitor also reads the frozen features (SGSE's reference signal)
+
+
+class CompiledChain:
+    """A compiled graph over `actors`; `stream` pushes one round's batches through it."""
+
+    def __init__(self, actors: ChainActors, max_in_flight: int, timeout_s: float):
+        self.actors, self.timeout_s = actors, timeout_s
+        self.width = max(len(actors.encoders), 1)
+        self.dag = self._wire().experimental_compile(_max_inflight_executions=max_in_flight)
+        self.max_in_flight = max_in_flight
+
+    def _wire(self) -> MultiOutputNode:
+        a = self.actors
+        letters, features = [], []
+        with InputNode() as step:  # step = [visit_0, index_0, visit_1, index_1, ...]
+            for j in range(self.width):
+                batch, refused = a.source.train_batch.bind(step[2 * j], step[2 * j + 1])
+                letters.append(refused)
+                if a.encoders:
+                    batch, refused = a.encoders[j].encode.bind(batch, a.accumulate)
+                    letters.append(refused)
+                features.append(batch)
+            if a.memory is None:  # nothing per batch past the features: they come back to the driver
+                return MultiOutputNode([*letters, *features])
+            if a.monitor is None:  # every routing is an output: a graph may not end in a node nobody reads
+                return MultiOutputNode([*letters, *(a.memory.route.bind(batch, None, True) for batch in features)])
+            expansions = None
+            for batch in features:
+                routed = a.memory.route.bind(batch, expansions, True)
+                expansions = a.monitor.observe.bind(routed, batch if a.reference_signal else None)
+            return MultiOutputNode([*letters, a.memory.expand.bind(expansions)])
+
+    def stream(self, batches: Sequence[tuple[int, int]], on_step: Callable[[Sequence[tuple[int, int]]], None]
+               ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:
+        """Push `batches` through, at most `max_in_flight` steps at once. Returns (the round's block: feature
+        batch refs for the trainers, the dead-letter tables of every hop)."""
+        steps = [batches[a:a + self.width] for a in range(0, len(batches), self.width)]
+        pending: deque = deque()
+        block: list[ray.ObjectRef] = []
+        letters: list[pa.Table] = []
+
+        def take() -> None:
+            outputs = ray.get(pending.popleft(), timeout=self.timeout_s)
+            hops = self.width * (2 if self.actors.encoders else 1)
+            # Nothing read here may be held: a value read from a channel keeps its buffer from the writer, and the
+            # graph stalls once every buffer is held. Dead letters (usually none) are copied; features are put.
+            letters.extend(pa.Table.from_pylist(t.to_pylist(), schema=t.schema) for t in outputs[:hops] if t.num_rows)
+            if self.actors.memory is None:
+                block.extend(ray.put(b) for b in outputs[hops:])
+            del outputs
+
+        for step in steps:
+            flat = [x for pair in step for x in pair] + [None, None] * (self.width - len(step))
+            pending.append(self.dag.execute(*flat))
+            on_step(step)
+            if len(pending) >= self.max_in_flight:
+                take()
+        while pending:
+            take()
+        if self.actors.memory is not None:
+            block = [self.actors.memory.take_block.remote()]
+        return block, letters
+
+    def close(self) -> None:
+        """Release the actors from the graph (they stay alive for classic calls or another graph)."""
+        self.dag.teardown()
