@@ -103,12 +103,15 @@ def train_stage1(router: SlotRouter, features: torch.Tensor, labels: torch.Tenso
     with torch.no_grad():  # once per call, not per minibatch
         ln_all = layer_norm(features)
         q_all = None if config.train_query else router.query(features)
-    target_all = ln_all if config.smooth_target == "ln" else features
 
     def loss_on(idx: torch.Tensor) -> torch.Tensor:
-        out = router(features[idx], ln_all[idx], None if q_all is None else q_all[idx])
+        ln_h = ln_all[idx]
+        # h itself is only needed for the query when W_q trains (each gather of a 128 x D block costs about as much
+        # as an elementwise op on it)
+        out = router(features[idx] if q_all is None else None, ln_h, None if q_all is None else q_all[idx])
+        target = ln_h if config.smooth_target == "ln" else features[idx]
         return (supcon_loss(out.h_tilde, labels[idx], config.temperature, config.temperature)
-                + config.lambda_smooth * smoothness_loss(out.h_tilde, target_all[idx]))
+                + config.lambda_smooth * smoothness_loss(out.h_tilde, target))
 
     return optimize(router.memory_parameters(config.train_query), loss_on, len(features), config.optim, seed)
 

@@ -76,16 +76,17 @@ class SlotRouter(nn.Module):
     def query(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.w_q.T
 
-    def route(self, h: torch.Tensor, q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(query, probabilities) for features h of shape (N, D); `q`: their query W_q h if known already."""
+    def route(self, h: torch.Tensor | None, q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query, probabilities) for features h of shape (N, D); `q`: their query W_q h if known already (then h
+        may be None)."""
         q = self.query(h) if q is None else q
         sims = normalize(q) @ normalize(self.keys).T
         return q, torch.softmax(sims / self.config.temperature, dim=-1)
 
-    def forward(self, h: torch.Tensor, ln_h: torch.Tensor | None = None, q: torch.Tensor | None = None
+    def forward(self, h: torch.Tensor | None, ln_h: torch.Tensor | None = None, q: torch.Tensor | None = None
                 ) -> RouterOutput:
         """`ln_h`, `q`: LN(h) and W_q h if the caller has them already (stage 1 computes them once per call
-        when they do not change: LN always, the query when W_q is not trained)."""
+        when they do not change: LN always, the query when W_q is not trained); with both, h may be None."""
         q, probs = self.route(h, q)
         ln_h = layer_norm(h) if ln_h is None else ln_h
         h_tilde = (probs @ self.gamma) * ln_h + probs @ self.beta
