@@ -19,6 +19,10 @@ from memcl_ops.training import report_epochs
 @ray.remote
 class Stage1Trainer:
     def __init__(self, feature_dim: int, router: RouterConfig, config: Stage1Config, seed: int, threads: int):
+        # torch imports torch._dynamo (~1-2 s here) when the first optimizer is built: pay it while the actor
+        # starts, not inside the first run's training time.
+        import torch._dynamo  # noqa: F401
+
         self.reset(feature_dim, router, config, seed, threads)
 
     def reset(self, feature_dim: int, router: RouterConfig, config: Stage1Config, seed: int, threads: int) -> None:
@@ -33,8 +37,7 @@ class Stage1Trainer:
         """Return the memory state after stage 1 on `batches` (the classifier is not involved); each epoch is
         reported on `progress` if given."""
         with self.clock.time("stage1"), report_epochs(epoch_reporter(progress, "stage 1")):
-            router = SlotRouter(self.feature_dim, self.router_config)
-            router.load_state(memory_state)
+            router = SlotRouter.from_state(self.feature_dim, self.router_config, memory_state)
             x, y, _ = S.labelled_block(batches)
             if len(y):
                 self.losses.append(train_stage1(router, x, y, self.config, seed=self.seed * 100_003 + self.rounds))

@@ -23,6 +23,10 @@ from memcl_ops.training import report_epochs
 @ray.remote
 class Stage2Trainer:
     def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int):
+        # torch imports torch._dynamo (~1-2 s here) when the first optimizer is built: pay it while the actor
+        # starts, not inside the first run's training time.
+        import torch._dynamo  # noqa: F401
+
         self.reset(method, feature_dim, seed, threads)
 
     def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int) -> None:
@@ -39,8 +43,7 @@ class Stage2Trainer:
         if memory_state is None:
             self.memory = None
             return
-        self.memory = SlotRouter(self.feature_dim, self.method.router)
-        self.memory.load_state(memory_state)
+        self.memory = SlotRouter.from_state(self.feature_dim, self.method.router, memory_state)
         self.memory.requires_grad_(False)
 
     def train(self, memory_state: dict[str, np.ndarray] | None, *batches: pa.RecordBatch,

@@ -61,8 +61,7 @@ class FeatureLearner:
 
     def _freeze_memory(self) -> None:
         if self.memory is not None:
-            self.trained = SlotRouter(self.feature_dim, self.config.router)
-            self.trained.load_state(self.memory.router.state())
+            self.trained = SlotRouter.from_state(self.feature_dim, self.config.router, self.memory.router.state())
             self.trained.requires_grad_(False)
 
     def predict(self, batch: pa.RecordBatch) -> np.ndarray:

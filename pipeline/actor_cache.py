@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import ray
 from ray import exceptions as rex
 
@@ -37,6 +39,12 @@ class ActorCache:
             ray.kill(known[3])
         handle = actor_class.options(**options).remote(*args)
         self.handles[role] = (actor_class, options, args, handle)
+        if options.get("num_cpus") == 0:
+            # A learner actor reserves nothing, so it is scheduled at once: wait for its process start here (a run's
+            # setup) rather than inside whichever timed phase first calls it. (Actors that reserve resources may wait
+            # for a node and are not waited for.) A start that fails is reported by that first call, as before.
+            with contextlib.suppress(FAULTS):
+                ray.get(handle.__ray_ready__.remote())
         return handle
 
     def revive(self, role: str) -> ray.actor.ActorHandle:

@@ -1,6 +1,7 @@
 """DCDA: the two training stages of MARS, as plain functions over feature tensors (docs/methods.md, "DCDA").
 
-Stage 1 trains the memory only (W_q, K, γ, β) with SupCon on Norm(h̃) + λ_smooth·‖h̃ − target‖²;
+Stage 1 trains the memory only (W_q, K, γ, β as written; by default K, γ, β, see `Stage1Config.train_query`) with
+SupCon on Norm(h̃) + λ_smooth·‖h̃ − target‖², until the epoch loss stops falling (`Stage1Config.optim`);
 the classifier does not enter the loss, so it is frozen by construction.
 Stage 2 trains the classifier only on h̃ computed once under no_grad from the frozen memory:
 CE + λ_LwF·LwF(current inputs) + λ_anchor·KD(anchor points), T = 3, against the teacher
@@ -26,11 +27,18 @@ from memcl_ops.training import OptimConfig, optimize
 
 @dataclass(frozen=True)
 class Stage1Config:
-    optim: OptimConfig = OptimConfig(epochs=20)  # 20 epochs [S]; Adam 1e-3, batch 128 [R]
+    # At most 20 epochs [S]; Adam 1e-3, batch 128 [R]. Early stop [R]: once an epoch's mean loss is not 0.1 % below
+    # the best before it (SupCon on a visit's frozen features is flat after an epoch or two: 2-4 epochs run on the
+    # bench suites); fused Adam [R]. The paper's schedule: patience=0 (all 20 epochs), fused=False.
+    optim: OptimConfig = OptimConfig(epochs=20, patience=1, tolerance=1e-3, fused=True)
     lambda_smooth: float = 0.3  # [S]
     temperature: float = 0.07  # SupCon τ [R]
     # What h̃ is pulled towards: the paper writes raw h_T; LN(h_T) when the scales differ [R].
     smooth_target: Literal["ln", "raw"] = "ln"
+    # Train W_q too (as the paper writes) or only K, γ, β [R]. Without W_q every query W_q h of the call is computed
+    # once instead of twice per minibatch (forward and its gradient, the D x D products that were half of stage 1's
+    # time at D = 1280); A_last on the bench suites is within one seed std either way (benchmarks/RESULTS.md).
+    train_query: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,9 +82,7 @@ class Teacher:
     def router(self, like: SlotRouter | None) -> SlotRouter | None:
         if like is None:
             return None
-        router = SlotRouter(like.feature_dim, like.config)
-        router.load_state(self.router_state)
-        return router
+        return SlotRouter.from_state(like.feature_dim, like.config, self.router_state)
 
     def state(self) -> dict[str, np.ndarray]:
         out = {f"router.{k}": v for k, v in self.router_state.items()}
@@ -93,15 +99,21 @@ class Teacher:
 
 def train_stage1(router: SlotRouter, features: torch.Tensor, labels: torch.Tensor,
                  config: Stage1Config = Stage1Config(), *, seed: int = 0) -> list[float]:
-    """Train W_q, K, γ, β in place; returns the mean loss per epoch."""
-    target_all = layer_norm(features) if config.smooth_target == "ln" else features
+    """Train K, γ, β (and W_q if `config.train_query`) in place; returns the mean loss of each epoch run."""
+    with torch.no_grad():  # once per call, not per minibatch
+        ln_all = layer_norm(features)
+        q_all = None if config.train_query else router.query(features)
 
     def loss_on(idx: torch.Tensor) -> torch.Tensor:
-        out = router(features[idx])
+        ln_h = ln_all[idx]
+        # h itself is only needed for the query when W_q trains (each gather of a 128 x D block costs about as much
+        # as an elementwise op on it)
+        out = router(features[idx] if q_all is None else None, ln_h, None if q_all is None else q_all[idx])
+        target = ln_h if config.smooth_target == "ln" else features[idx]
         return (supcon_loss(out.h_tilde, labels[idx], config.temperature, config.temperature)
-                + config.lambda_smooth * smoothness_loss(out.h_tilde, target_all[idx]))
+                + config.lambda_smooth * smoothness_loss(out.h_tilde, target))
 
-    return optimize(router.memory_parameters(), loss_on, len(features), config.optim, seed)
+    return optimize(router.memory_parameters(config.train_query), loss_on, len(features), config.optim, seed)
 
 
 def apply_memory(router: SlotRouter | None, h: torch.Tensor) -> torch.Tensor:

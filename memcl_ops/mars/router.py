@@ -40,41 +40,55 @@ class RouterOutput:
 class SlotRouter(nn.Module):
     """Cosine-softmax router over S slot keys with one affine adapter per slot."""
 
-    def __init__(self, feature_dim: int, config: RouterConfig = RouterConfig(), *, seed: int = 0):
+    def __init__(self, feature_dim: int, config: RouterConfig = RouterConfig(), *, seed: int = 0, init: bool = True):
         super().__init__()
         self.config = config
         self.feature_dim = feature_dim
         query_dim = config.query_dim or feature_dim
-        gen = torch.Generator().manual_seed(seed)
         w_q = torch.empty(query_dim, feature_dim)
-        nn.init.orthogonal_(w_q, generator=gen)
+        keys = torch.empty(config.initial_slots, query_dim)
+        if init:  # (the QR of the orthogonal init costs ~0.1 s at D = 1280: skipped by `from_state`)
+            gen = torch.Generator().manual_seed(seed)
+            nn.init.orthogonal_(w_q, generator=gen)
+            keys = normalize(torch.randn(config.initial_slots, query_dim, generator=gen))
         self.w_q = nn.Parameter(w_q)
-        self.keys = nn.Parameter(normalize(torch.randn(config.initial_slots, query_dim, generator=gen)))
+        self.keys = nn.Parameter(keys)
         self.gamma = nn.Parameter(torch.ones(config.initial_slots, feature_dim))
         self.beta = nn.Parameter(torch.zeros(config.initial_slots, feature_dim))
         self.register_buffer("anchor_sum", torch.zeros(config.initial_slots, feature_dim))  # μ_i
         self.register_buffer("anchor_mass", torch.zeros(config.initial_slots))  # c_i
 
+    @classmethod
+    def from_state(cls, feature_dim: int, config: RouterConfig, state: dict[str, np.ndarray]) -> SlotRouter:
+        """A router holding `state` (what `state()` returned), without computing an initialisation first."""
+        router = cls(feature_dim, config, init=False)
+        router.load_state(state)
+        return router
+
     @property
     def num_slots(self) -> int:
         return self.keys.shape[0]
 
-    def memory_parameters(self) -> list[nn.Parameter]:
-        """What DCDA stage 1 trains: W_q, K, γ, β."""
-        return [self.w_q, self.keys, self.gamma, self.beta]
+    def memory_parameters(self, query: bool = True) -> list[nn.Parameter]:
+        """What DCDA stage 1 trains: W_q, K, γ, β (without W_q when `query` is False)."""
+        return [self.w_q, self.keys, self.gamma, self.beta] if query else [self.keys, self.gamma, self.beta]
 
     def query(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.w_q.T
 
-    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(query, probabilities) for features h of shape (N, D)."""
-        q = self.query(h)
+    def route(self, h: torch.Tensor | None, q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query, probabilities) for features h of shape (N, D); `q`: their query W_q h if known already (then h
+        may be None)."""
+        q = self.query(h) if q is None else q
         sims = normalize(q) @ normalize(self.keys).T
         return q, torch.softmax(sims / self.config.temperature, dim=-1)
 
-    def forward(self, h: torch.Tensor) -> RouterOutput:
-        q, probs = self.route(h)
-        ln_h = layer_norm(h)
+    def forward(self, h: torch.Tensor | None, ln_h: torch.Tensor | None = None, q: torch.Tensor | None = None
+                ) -> RouterOutput:
+        """`ln_h`, `q`: LN(h) and W_q h if the caller has them already (stage 1 computes them once per call
+        when they do not change: LN always, the query when W_q is not trained); with both, h may be None."""
+        q, probs = self.route(h, q)
+        ln_h = layer_norm(h) if ln_h is None else ln_h
         h_tilde = (probs @ self.gamma) * ln_h + probs @ self.beta
         return RouterOutput(h_tilde, probs, probs.max(dim=-1).values, q, ln_h)
 

@@ -34,7 +34,7 @@ def test_stage1_reduces_its_loss_and_changes_only_memory_parameters():
     head = GrowingLinearHead(16)
     head.grow(y)
     before_router, before_head = _snapshot(router), _snapshot(head)
-    cfg = Stage1Config(optim=OptimConfig(epochs=30, batch_size=32, lr=1e-2))
+    cfg = Stage1Config(optim=OptimConfig(epochs=30, batch_size=32, lr=1e-2), train_query=True)
     start = _stage1_objective(router, x, y, cfg)
     train_stage1(router, x, y, cfg)
     assert _stage1_objective(router, x, y, cfg) < 0.9 * start
@@ -78,3 +78,54 @@ def test_teacher_state_roundtrip():
     back = Teacher.from_state(t.state())
     for k, v in t.state().items():
         np.testing.assert_array_equal(back.state()[k], v)
+
+
+def test_stage1_without_query_training_keeps_w_q_and_matches_the_per_minibatch_computation():
+    x, y = separable(spread=1.0)
+    cfg = Stage1Config(optim=OptimConfig(epochs=30, batch_size=32, lr=1e-2), train_query=False)
+    router = SlotRouter(16, RouterConfig(initial_slots=4))
+    before = _snapshot(router)
+    start = _stage1_objective(router, x, y, cfg)
+    history = train_stage1(router, x, y, cfg, seed=3)
+    assert _stage1_objective(router, x, y, cfg) < 0.9 * start
+    after = _snapshot(router)
+    assert torch.equal(before["w_q"], after["w_q"])
+    for name in ("keys", "gamma", "beta"):
+        assert not torch.equal(before[name], after[name]), name
+    # the same optimisation written the slow way: the query recomputed inside every minibatch's graph
+    reference = SlotRouter(16, RouterConfig(initial_slots=4))
+    reference.w_q.requires_grad_(False)
+    optimizer = torch.optim.Adam([reference.keys, reference.gamma, reference.beta], lr=1e-2)
+    gen = torch.Generator().manual_seed(3)
+    target, want = layer_norm(x), []
+    for _ in range(30):
+        order, total = torch.randperm(len(x), generator=gen), 0.0
+        for start_ in range(0, len(x), 32):
+            idx = order[start_:start_ + 32]
+            out = reference(x[idx])
+            loss = (supcon_loss(out.h_tilde, y[idx], cfg.temperature, cfg.temperature)
+                    + cfg.lambda_smooth * smoothness_loss(out.h_tilde, target[idx]))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(idx)
+        want.append(total / len(x))
+    np.testing.assert_allclose(history, want, rtol=1e-5)
+    for name, value in _snapshot(reference).items():
+        torch.testing.assert_close(after[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_stage1_default_early_stop_ends_a_flat_loss_early_and_the_paper_schedule_runs_every_epoch():
+    x, y = separable(num_classes=2, per_class=128, dim=32, spread=0.0)  # pure noise: SupCon cannot fall
+    flat = train_stage1(SlotRouter(32, RouterConfig(initial_slots=4)), x, y, Stage1Config())
+    assert 2 <= len(flat) < 20
+    paper = Stage1Config(optim=OptimConfig(epochs=20), train_query=True)
+    assert len(train_stage1(SlotRouter(32, RouterConfig(initial_slots=4)), x, y, paper)) == 20
+
+
+def test_stage1_early_stop_runs_on_while_the_loss_still_falls():
+    x, y = separable(num_classes=4, per_class=40, dim=16, spread=1.0)
+    cfg = Stage1Config(optim=OptimConfig(epochs=15, batch_size=32, lr=1e-2, patience=1, tolerance=1e-3))
+    history = train_stage1(SlotRouter(16, RouterConfig(initial_slots=4)), x, y, cfg)
+    assert len(history) > 4  # a separable problem keeps improving by more than 0.1 % an epoch for a while
+    assert all(history[i + 1] < history[i] * (1 - 1e-3) for i in range(len(history) - 2))
