@@ -35,8 +35,10 @@ import json
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,43 +359,65 @@ def expected_rows(device: str, groups: tuple[str, ...] = GROUPS) -> int:
     return sum(per_group[g] for g in groups)
 
 
+HEADER = ("| case | variant | device | batch | throughput | unit | s/repeat | repeats | note |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+
+
+def table_lines(rows: list[Row]) -> list[str]:
+    return [f"| {r.case} | {r.variant} | {r.device} | {r.batch} | {r.per_s:,.1f} | {r.unit} | {r.seconds:.3f} | "
+            f"{r.repeats} | {r.note} |" for r in rows]
+
+
 def markdown(rows: list[Row]) -> str:
-    lines = ["| case | variant | device | batch | throughput | unit | s/repeat | repeats | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.case} | {r.variant} | {r.device} | {r.batch} | {r.per_s:,.1f} | {r.unit} | "
-                     f"{r.seconds:.3f} | {r.repeats} | {r.note} |")
-    return "\n".join(lines)
+    return "\n".join([HEADER, *table_lines(rows)])
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Prints the table a group at a time (what a one-shot GPU call gets back even if a later group breaks or
+    hangs); a group that fails is reported after the table and makes the exit status 1."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny models and sizes (the default without CUDA)")
     parser.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS), help="case groups to run")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    tiny = args.tiny or device == "cpu"
+    started = time.perf_counter()
+    rows: list[Row] = []
+    failures: list[str] = []
+    timings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="memcl-gpu-check-") as root:
-        tiny = args.tiny or device == "cpu"
         sizes = tiny_sizes(Path(root)) if tiny else FULL
         if tiny:  # tiny ops on a shared 2-core box: two threads spin-wait on each other (tests/conftest.py)
             torch.set_num_threads(sizes.threads)
-        started = time.perf_counter()
         own_ray = not ray.is_initialized()  # a caller's Ray (the tests' session) is left running
         if own_ray:
-            # The raw batches are a few MB: a small object store, whatever /dev/shm the machine has.
-            ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                     object_store_memory=2**30)
+            # GPUs named, not detected: an actor asking for a GPU share Ray did not see would wait forever. The raw
+            # batches are a few MB: a small object store, whatever /dev/shm the machine has.
+            ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False,
+                     logging_level="ERROR", object_store_memory=2**30)
         try:
             gpu = torch.cuda.get_device_name() if device == "cuda" else "none"
             print(f"device {device} (GPU: {gpu}), torch {torch.__version__}, ray {ray.__version__}, "
-                  f"{'tiny' if tiny else 'full'} sizes", flush=True)
-            rows = run_cases(sizes, device, tuple(args.only))
+                  f"{'tiny' if tiny else 'full'} sizes\n\n{HEADER}", flush=True)
+            for group in args.only:
+                begun = time.perf_counter()
+                try:
+                    group_rows = run_cases(sizes, device, (group,))
+                except Exception:  # the other groups' rows still come back
+                    failures.append(f"{group}:\n{traceback.format_exc()}")
+                    continue
+                finally:
+                    timings.append(f"{group} {time.perf_counter() - begun:.0f} s")
+                rows += group_rows
+                print("\n".join(table_lines(group_rows)), flush=True)
         finally:
             if own_ray:
                 ray.shutdown()
-    print(markdown(rows))
-    print(f"\n{len(rows)} rows in {time.perf_counter() - started:.0f} s")
+    for failure in failures:
+        print(f"\nFAILED {failure}")
+    print(f"\n{len(rows)} rows in {time.perf_counter() - started:.0f} s ({', '.join(timings)})")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -50,7 +50,7 @@ def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, on
 
 
 def test_main_prints_the_table_of_the_groups_asked_for(gpu_check, ray_session, one_torch_thread, capsys):
-    gpu_check.main(["--tiny", "--only", "mars"])
+    assert gpu_check.main(["--tiny", "--only", "mars"]) == 0
 
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("| MARS learner")]
