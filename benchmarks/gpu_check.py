@@ -174,7 +174,7 @@ def bare_encoder_row(spec: EncoderSpec, sizes: Sizes, device: str) -> Row:
         return sizes.calls * sizes.batch
 
     per_s, seconds = measure(run, device, sizes.warmup, sizes.repeats)
-    return Row(f"encoder {spec.name.split('/')[-1]}", "in-process", device, sizes.batch, per_s, "samples/s", seconds,
+    return Row(f"encoder {encoder.id}", "in-process", device, sizes.batch, per_s, "samples/s", seconds,
                sizes.repeats, "Encoder.features, features left on the device")
 
 
@@ -195,7 +195,7 @@ def pool_row(spec: EncoderSpec, sizes: Sizes, device: str, replicas: int, actors
 
     per_s, seconds = measure(run, "cpu", sizes.warmup, sizes.repeats)
     variant = "1 Encoder actor" if replicas == 1 else f"{replicas} replicas, num_gpus {gpu_share} each"
-    return Row(f"encoder {spec.name.split('/')[-1]}", variant, ",".join(devices), sizes.batch, per_s, "samples/s",
+    return Row(f"encoder {pool.id}", variant, ",".join(devices), sizes.batch, per_s, "samples/s",
                seconds, sizes.repeats, f"EncoderPool, max_in_flight {pool_config.max_in_flight} per replica")
 
 
