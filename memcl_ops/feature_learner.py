@@ -6,6 +6,10 @@ composed the way pipeline/features.py drives the actors that host them (docs/arc
   (up to `sgse.max_slots`) before the next batch is routed;
 * at `consolidate`: DCDA stage 1 on the round's labelled rows, then the head learner's fit and end_task on a
   frozen copy of the memory (the copy the head is later evaluated through, as the Stage2Trainer keeps one).
+
+`device`: where the slot memory routes and DCDA stage 1 trains (benchmarks/gpu_check.py). The head learner and the
+frozen copy it reads stay on the CPU: stage 2 and the teacher snapshots (memcl_ops/mars/dcda.py) build their
+tensors there.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ from memcl_ops.tensors import array_bytes, prefixed, state_part
 
 
 class FeatureLearner:
-    def __init__(self, spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int = 0):
+    def __init__(self, spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int = 0, device: str = "cpu"):
         self.spec, self.config, self.tags = spec, spec.resolve(config), spec.tags
-        self.feature_dim, self.seed = feature_dim, seed
-        self.memory = (SlotMemory(feature_dim, self.config.router, self.config.sgse.max_slots, seed) if spec.memory
-                       else None)
+        self.feature_dim, self.seed, self.device = feature_dim, seed, torch.device(device)
+        self.memory = (SlotMemory(feature_dim, self.config.router, self.config.sgse.max_slots, seed).to(self.device)
+                       if spec.memory else None)
         self.monitor = NoveltyMonitor(self.config.sgse) if spec.sgse else None
         self.head = build_head(spec, self.config, feature_dim, seed)
         self.trained: SlotRouter | None = None  # the memory as of the last consolidation, what the head reads
@@ -42,17 +46,19 @@ class FeatureLearner:
     @torch.no_grad()
     def observe(self, batch: pa.RecordBatch) -> None:
         if self.memory is not None:
-            query, probs = self.memory.route(S.features_to_torch(batch))
+            query, probs = self.memory.route(S.features_to_torch(batch).to(self.device))
             if self.monitor is not None:
                 frozen = S.features_to_numpy(batch) if self.monitor.needs_features else None
-                self.memory.expand(self.monitor.observe(probs.max(dim=1).values.numpy(), query.numpy(), frozen))
+                confidence = probs.max(dim=1).values.cpu().numpy()
+                self.memory.expand(self.monitor.observe(confidence, query.cpu().numpy(), frozen))
         self.block.append(batch)
 
     def consolidate(self) -> dict[str, object]:
         x, y, _ = S.labelled_block(tuple(self.block))
         self.block = []
         if self.spec.stage1 and len(y):
-            train_stage1(self.memory.router, x, y, self.config.stage1, seed=self.seed * 100_003 + self.consolidations)
+            train_stage1(self.memory.router, x.to(self.device), y.to(self.device), self.config.stage1,
+                         seed=self.seed * 100_003 + self.consolidations)
         self.consolidations += 1
         self._freeze_memory()
         out = self.head.fit(x, y, self.trained) if len(y) else {}
@@ -84,6 +90,7 @@ class FeatureLearner:
         self.block, self.trained = [], None
         if self.memory is not None:
             self.memory.restore(state_part(state, "memory"))
+            self.memory.to(self.device)
             if self.consolidations:
                 self._freeze_memory()
         if self.monitor is not None:

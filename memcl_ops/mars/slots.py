@@ -26,6 +26,11 @@ class SlotMemory:
     def num_slots(self) -> int:
         return self.router.num_slots
 
+    def to(self, device: torch.device | str) -> SlotMemory:
+        """Route (and train the router) on `device`; the state stays plain numpy wherever the router lives."""
+        self.router.to(device)
+        return self
+
     @torch.no_grad()
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(query, routing probabilities) per sample; the batch is folded into the anchor statistics."""
@@ -40,7 +45,11 @@ class SlotMemory:
             if self.router.num_slots >= self.max_slots:
                 self.refused_expansions += 1
                 continue
-            self.router.add_slot(e.key)
+            device = self.router.keys.device
+            # add_slot builds the new slot's rows on the CPU (memcl_ops/mars/router.py takes no device): grow the
+            # router there and move it back; a slot is a few KiB and expansions are rare.
+            self.router.cpu().add_slot(e.key)
+            self.router.to(device)
             self.expansions.append({"at_sample": self.routed, "test_step": e.step, "slots": self.router.num_slots,
                                     "successes": e.successes, "trials": e.trials,
                                     "lower_bound": float(e.lower_bound)})

@@ -297,24 +297,29 @@ class Adaptation:
     the gated temporary update of the final hidden state. Plugs into `CausalLM.generate(adapter=...)`."""
 
     def __init__(self, memory: DirectionMemory, weight: torch.Tensor, config: AdaptConfig = AdaptConfig()):
+        # The memory is kept on the CPU (its byte budget, its checkpoints); the read side is copied once to where
+        # the LM head lives, so each decoding step touches no host memory.
         self.config, self.weight = config, weight
         self.eps = memory.config.eps
-        self.directions = (torch.stack(memory.directions).float() if len(memory)
-                           else torch.zeros(0, memory.hidden))
+        device = weight.device
+        self.directions = (torch.stack(memory.directions).float().to(device) if len(memory)
+                           else torch.zeros(0, memory.hidden, device=device))
         self.unit_directions = normalize(self.directions, self.eps)
-        self.anchors = normalize(torch.cat(memory.anchors).float(), self.eps) if len(memory) else None
-        self.owner = (torch.cat([torch.full((len(a),), j) for j, a in enumerate(memory.anchors)])
+        self.anchors = normalize(torch.cat(memory.anchors).float().to(device), self.eps) if len(memory) else None
+        self.owner = (torch.cat([torch.full((len(a),), j) for j, a in enumerate(memory.anchors)]).to(device)
                       if len(memory) else None)
 
     def relevance(self, query_keys: torch.Tensor) -> torch.Tensor:
         """r_j = max_{a∈A_j} cos(k_q, a), shape (B, J)."""
         sims = normalize(query_keys.float(), self.eps) @ self.anchors.T  # (B, ΣA)
-        out = torch.full((len(query_keys), len(self.directions)), -math.inf)
+        out = torch.full((len(query_keys), len(self.directions)), -math.inf, device=sims.device)
         return out.scatter_reduce(1, self.owner.expand(len(query_keys), -1), sims, reduce="amax")
 
     def __call__(self, query_keys: torch.Tensor) -> StepUpdate:
         if not len(self.directions):
-            return StepUpdate(self, torch.zeros(len(query_keys), 0, dtype=torch.long), torch.zeros(len(query_keys), 0))
+            device = query_keys.device
+            return StepUpdate(self, torch.zeros(len(query_keys), 0, dtype=torch.long, device=device),
+                              torch.zeros(len(query_keys), 0, device=device))
         r = self.relevance(query_keys)
         top = r.topk(min(self.config.candidates, r.shape[1]), dim=1)
         return StepUpdate(self, top.indices, top.values)
@@ -347,7 +352,7 @@ class StepUpdate:
 
     def __call__(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         if self.candidates.shape[1] == 0:  # empty memory: nothing to add
-            self.last_gate = torch.zeros(len(hidden))
+            self.last_gate = torch.zeros(len(hidden), device=hidden.device)
             return hidden
         delta, max_relevance = self.correction(logits)
         g = self.gate(logits, max_relevance)
@@ -372,5 +377,6 @@ def extract_directions(lm: CausalLM, pairs: pa.RecordBatch) -> pa.RecordBatch:
     """Teacher-forced (k_m, R_m, ‖R_m‖) of every pair of a text-pair batch, no autograd."""
     prompts, answers = S.text_pairs(pairs)
     out = lm.teacher_forced(prompts, answers)
-    return S.direction_batch(S.sample_ids_to_numpy(pairs), out.keys.numpy(), out.corrections.numpy(),
-                             out.corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID), encoder=lm.spec.name)
+    keys, corrections = out.keys.cpu(), out.corrections.cpu()  # Arrow holds host memory
+    return S.direction_batch(S.sample_ids_to_numpy(pairs), keys.numpy(), corrections.numpy(),
+                             corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID), encoder=lm.spec.name)

@@ -218,6 +218,8 @@ class CausalLM:
             raise ValueError(f"the LM head must be an nn.Linear, got {type(head).__name__}")
         self.head = head
         self.backbone = model.base_model
+        # Inputs are built where the model lives: the caller moves `model` (e.g. `lm.model.to("cuda")`) and every
+        # tensor made here follows `self.device`.
         self.num_layers = int(config.num_hidden_layers)
         self.hidden_size = int(head.in_features)
         self.vocab_size = int(head.out_features)
@@ -234,6 +236,10 @@ class CausalLM:
     def weight(self) -> torch.Tensor:
         """W_LM (V, H): the embedding matrix when the head is tied."""
         return self.head.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
 
     def _special_stops(self) -> list[int]:
         """End-of-turn tokens of chat templates (e.g. <|im_end|>) also end an answer."""
@@ -292,12 +298,12 @@ class CausalLM:
             keys.append(k)
             corrections.append(r)
             losses.append(loss)
-        empty = torch.zeros(0, self.hidden_size)
+        empty = torch.zeros(0, self.hidden_size, device=self.device)
         return TeacherForced(torch.cat(keys) if keys else empty, torch.cat(corrections) if corrections else empty,
-                             torch.cat(losses) if losses else torch.zeros(0))
+                             torch.cat(losses) if losses else torch.zeros(0, device=self.device))
 
     def _forward_pairs(self, prompts: list[list[int]], answers: list[list[int]], hidden_states: bool) -> object:
-        ids, mask = _right_padded([p + a for p, a in zip(prompts, answers)], self.pad_id)
+        ids, mask = _right_padded([p + a for p, a in zip(prompts, answers)], self.pad_id, self.device)
         return self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=hidden_states, use_cache=False)
 
     @staticmethod
@@ -309,7 +315,8 @@ class CausalLM:
         """Mean over pairs of the answer tokens' mean cross-entropy, differentiable (for fine-tuning baselines)."""
         p_ids, a_ids = [self.prompt_ids(p) for p in prompts], [self.answer_ids(a) for a in answers]
         out = self._forward_pairs(p_ids, a_ids, hidden_states=False)
-        losses = [F.cross_entropy(self.head(self._target_states(out, i, len(p), len(a))), torch.tensor(a))
+        losses = [F.cross_entropy(self.head(self._target_states(out, i, len(p), len(a))),
+                                  torch.tensor(a, device=self.device))
                   for i, (p, a) in enumerate(zip(p_ids, a_ids))]
         return torch.stack(losses).mean()
 
@@ -321,11 +328,12 @@ class CausalLM:
         for i, (tokens, a) in enumerate(zip(prompts, answers)):
             keys.append(normalize(key_states[i, slice(*tokens.key_span)].mean(dim=0)))
             log_p = F.log_softmax(self.head(self._target_states(out, i, len(tokens.ids), len(a))), dim=-1)
-            target = torch.tensor(a)
+            target = torch.tensor(a, device=self.device)
+            rows = torch.arange(len(a), device=self.device)
             residual = -log_p.exp()  # e_y − p, summed over the target positions then averaged
-            residual[torch.arange(len(a)), target] += 1.0
+            residual[rows, target] += 1.0
             corrections.append(residual.mean(dim=0) @ self.weight)
-            losses.append(-log_p[torch.arange(len(a)), target].mean())
+            losses.append(-log_p[rows, target].mean())
         return torch.stack(keys), torch.stack(corrections), torch.stack(losses)
 
     @torch.inference_mode()
@@ -334,11 +342,11 @@ class CausalLM:
         keys = []
         for start in range(0, len(prompts), self.spec.micro_batch):
             seqs = [self.prompt_tokens(p) for p in prompts[start:start + self.spec.micro_batch]]
-            ids, mask = _right_padded([s.ids for s in seqs], self.pad_id)
+            ids, mask = _right_padded([s.ids for s in seqs], self.pad_id, self.device)
             out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
             states = out.hidden_states[self.key_layer]
             keys += [normalize(states[i, slice(*s.key_span)].mean(dim=0)) for i, s in enumerate(seqs)]
-        return torch.stack(keys) if keys else torch.zeros(0, self.hidden_size)
+        return torch.stack(keys) if keys else torch.zeros(0, self.hidden_size, device=self.device)
 
     # ---------------------------------------------------------------- generation (read side)
     @torch.inference_mode()
@@ -364,18 +372,19 @@ class CausalLM:
             keys.append(part.query_keys)
             nll.append(part.answer_nll)
             cache = part.cache
-        return Generation(texts, tokens, torch.cat(keys) if keys else torch.zeros(0, self.hidden_size), cache,
+        return Generation(texts, tokens,
+                          torch.cat(keys) if keys else torch.zeros(0, self.hidden_size, device=self.device), cache,
                           torch.cat(nll) if answers is not None and nll else None)
 
     def generate_ids(self, seqs: list[PromptTokens], max_new_tokens: int, adapter: AdapterFactory | None = None,
                      answers: list[list[int]] | None = None) -> Generation:
-        ids, mask = _left_padded([s.ids for s in seqs], self.pad_id)
+        ids, mask = _left_padded([s.ids for s in seqs], self.pad_id, self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
         out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
                             use_cache=True)
         cache = out.cache
         key_states = out.hidden_states[self.key_layer]
-        pad = ids.shape[1] - torch.tensor([len(s.ids) for s in seqs])
+        pad = [ids.shape[1] - len(s.ids) for s in seqs]
         query_keys = torch.stack([normalize(key_states[i, pad[i] + s.key_span[0]:pad[i] + s.key_span[1]].mean(dim=0))
                                   for i, s in enumerate(seqs)])
         step = adapter(query_keys) if adapter is not None else None
@@ -385,9 +394,9 @@ class CausalLM:
             nll = self._answer_nll(hidden, cache, mask, positions[:, -1], answers, step)
             fed = cache.get_seq_length() - ids.shape[1]
             cache.crop(-fed)  # back to the prompt (transformers 5: a negative count removes tokens)
-        generated = torch.zeros(len(seqs), 0, dtype=torch.long)
-        done = torch.zeros(len(seqs), dtype=torch.bool)
-        stops = torch.tensor(sorted(self.stop_ids))
+        generated = torch.zeros(len(seqs), 0, dtype=torch.long, device=self.device)
+        done = torch.zeros(len(seqs), dtype=torch.bool, device=self.device)
+        stops = torch.tensor(sorted(self.stop_ids), device=self.device)
         next_position = positions[:, -1]
         for t in range(max_new_tokens):
             logits = self.head(hidden)
@@ -398,7 +407,7 @@ class CausalLM:
             done |= torch.isin(token, stops)
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones(len(seqs), 1, dtype=mask.dtype)], dim=1)
+            mask = torch.cat([mask, torch.ones(len(seqs), 1, dtype=mask.dtype, device=mask.device)], dim=1)
             next_position = next_position + 1
             out = self.backbone(input_ids=token.unsqueeze(1), attention_mask=mask,
                                 position_ids=next_position.unsqueeze(1), cache=cache, use_cache=True)
@@ -419,15 +428,16 @@ class CausalLM:
                     answers: list[list[int]], step: HiddenAdapter | None) -> torch.Tensor:
         """Mean NLL of each answer's tokens fed after the prompt (teacher forcing on the prompt's cache), with
         every position's logits from the same (adapted) head as decoding."""
-        targets, valid = _right_padded(answers, self.pad_id)
+        targets, valid = _right_padded(answers, self.pad_id, self.device)
         states = last.unsqueeze(1)
         if targets.shape[1] > 1:
             fed = targets[:, :-1]
             out = self.backbone(input_ids=fed, attention_mask=torch.cat([mask, valid[:, :-1]], dim=1),
-                                position_ids=last_position.unsqueeze(1) + 1 + torch.arange(fed.shape[1]),
+                                position_ids=last_position.unsqueeze(1) + 1 + torch.arange(fed.shape[1],
+                                                                                           device=self.device),
                                 cache=cache, use_cache=True)
             states = torch.cat([states, out.last_hidden_state], dim=1)
-        total = torch.zeros(len(answers))
+        total = torch.zeros(len(answers), device=self.device)
         for t in range(targets.shape[1]):
             logits = self.head(states[:, t])
             if step is not None:
@@ -437,21 +447,24 @@ class CausalLM:
         return total / valid.sum(dim=1)
 
 
-def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _right_padded(seqs: list[list[int]], pad: int, device: torch.device | str = "cpu"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    # Filled on the CPU (one small copy per row), then moved in one transfer.
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
         mask[i, :len(s)] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
-def _left_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _left_padded(seqs: list[list[int]], pad: int, device: torch.device | str = "cpu"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, width - len(s):] = torch.tensor(s)
         mask[i, width - len(s):] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)

