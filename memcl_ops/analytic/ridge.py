@@ -438,8 +438,7 @@ class AnalyticLearner:
         space, fitted on pairs (φ(h̃_old), φ(h̃_new)) of the current block's samples and of the slots' anchors
         (slot i's mean LN(h) through the old and the new affine of slot i), each set with half the weight
         (the anchors stand for the old tasks): T = I + (XᵀΩX + ηI)⁻¹XᵀΩ(X' - X)."""
-        previous = SlotRouter(memory.feature_dim, memory.config)
-        previous.load_state(self.previous_memory)
+        previous = SlotRouter.from_state(memory.feature_dim, memory.config, self.previous_memory)
         old_anchors, live = previous.anchors()
         live = live[live < memory.num_slots]
         mean = previous.anchor_sum[live] / previous.anchor_mass[live].clamp_min(previous.config.anchor_floor)[:, None]
