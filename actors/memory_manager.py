@@ -71,7 +71,7 @@ class MemoryManager:
             return None
         if keep:  # copied: a compiled graph's input lives in a channel buffer that the next batch overwrites
             self.kept.append((S.sample_ids_to_numpy(batch).copy(), np.array(S.features_to_numpy(batch)),
-                              S.labels_to_numpy(batch).copy()))
+                              S.labels_to_numpy(batch)))
         with self.clock.time("route"):
             q, probs = self.slots.route(S.features_to_torch(batch))
             return pa.RecordBatch.from_arrays(
@@ -83,7 +83,8 @@ class MemoryManager:
             return self.slots.expand(expansions)
 
     def take_block(self) -> pa.RecordBatch | None:
-        """The batches kept since the last take, as one feature batch in stream order (None: none kept)."""
+        """The batches kept since the last take, as one feature batch in stream order (None: none kept): sample ids,
+        features and labels, what the trainers read (S.labelled_block); task ids and schema metadata are not kept."""
         kept, self.kept = self.kept, []
         if not kept:
             return None

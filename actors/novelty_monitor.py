@@ -28,9 +28,11 @@ class NoveltyMonitor:
         if routed is None:
             return []
         with self.clock.time("monitor"):
+            # copies: SGSE keeps rows of a block's trials across batches, and a compiled graph's input lives in a
+            # channel buffer that must be released for the next batch (pipeline/compiled_chain.py)
             confidence = routed.column("confidence").to_numpy()
-            frozen = S.features_to_numpy(features) if self.monitor.needs_features else None
-            return self.monitor.observe(confidence, S.column_matrix(routed, "query"), frozen)
+            frozen = np.array(S.features_to_numpy(features)) if self.monitor.needs_features else None
+            return self.monitor.observe(confidence, np.array(S.column_matrix(routed, "query")), frozen)
 
     def counters(self) -> dict[str, int]:
         m = self.monitor

@@ -14,9 +14,10 @@ FAULTS = (rex.RayActorError, rex.ActorUnavailableError, rex.ObjectLostError, rex
 
 
 def is_fault(err: BaseException) -> bool:
-    if isinstance(err, rex.RayChannelTimeoutError):  # a hung step: replaying it would hang again
+    cause = err.cause if isinstance(err, rex.RayTaskError) else err
+    if isinstance(cause, rex.RayChannelTimeoutError):  # a hung step: replaying it would hang again
         return False
-    return isinstance(err, FAULTS) or (isinstance(err, rex.RayTaskError) and isinstance(err.cause, FAULTS))
+    return isinstance(err, FAULTS) or isinstance(cause, FAULTS)
 
 
 class ActorCache:

@@ -43,10 +43,11 @@ class CompiledChain:
     """A compiled graph over `actors`; `stream` pushes one round's batches through it."""
 
     def __init__(self, actors: ChainActors, max_in_flight: int, timeout_s: float):
+        """`max_in_flight`: batches in the chain at once, as on the classic path (rounded up to whole steps)."""
         self.actors, self.timeout_s = actors, timeout_s
         self.width = max(len(actors.encoders), 1)
-        self.dag = self._wire().experimental_compile(_max_inflight_executions=max_in_flight)
-        self.max_in_flight = max_in_flight
+        self.max_in_flight = -(-max_in_flight // self.width)  # in steps
+        self.dag = self._wire().experimental_compile(_max_inflight_executions=self.max_in_flight)
 
     def _wire(self) -> MultiOutputNode:
         a = self.actors
@@ -80,12 +81,13 @@ class CompiledChain:
 
         def take() -> None:
             outputs = ray.get(pending.popleft(), timeout=self.timeout_s)
-            hops = self.width * (2 if self.actors.encoders else 1)
+            letter_outputs = self.width * (2 if self.actors.encoders else 1)
             # Nothing read here may be held: a value read from a channel keeps its buffer from the writer, and the
             # graph stalls once every buffer is held. Dead letters (usually none) are copied; features are put.
-            letters.extend(pa.Table.from_pylist(t.to_pylist(), schema=t.schema) for t in outputs[:hops] if t.num_rows)
+            letters.extend(pa.Table.from_pylist(t.to_pylist(), schema=t.schema)
+                           for t in outputs[:letter_outputs] if t.num_rows)
             if self.actors.memory is None:
-                block.extend(ray.put(b) for b in outputs[hops:])
+                block.extend(ray.put(b) for b in outputs[letter_outputs:])
             del outputs
 
         for step in steps:

@@ -5,6 +5,8 @@ data moves between actors by object reference:
     source.train_batch -> [encoder.encode] -> memory.route -> monitor.observe -> memory.expand
           (gate)              (gate)
 
+(`runtime.transport: compiled` moves the same data through the same actors as one Ray Compiled Graph, by
+shared-memory channels instead of object refs: pipeline/compiled_chain.py.)
 Ray runs one caller's calls to one actor in submission order, so each batch is routed by the memory as it stood
 after the previous batch's expansions, and the result is the same for any `max_in_flight`. At the end of a round:
 DCDA stage 1 on the round's block, then the head learner (stage 2) and its task-end snapshot, then evaluation after
@@ -13,6 +15,7 @@ the visits the round ended (task-free: at every evaluation point). Only the role
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 
@@ -35,6 +38,8 @@ from pipeline.config import RunConfig
 from pipeline.encoder_pool import EncoderPool
 from pipeline.progress import InFlight, Progress, Reports
 from pipeline.runner import BatchHook, Roles, RoundBatches, RoundOutcome, RunState, plan_rounds
+
+log = logging.getLogger("memcl")
 
 
 class FeaturePipeline:
@@ -80,8 +85,9 @@ class FeaturePipeline:
         actors.get("stage2", Stage2Trainer, light, method, dim, seed, threads)
         names.append("stage2")
         self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else ())
-        self.chain: CompiledChain | None = None  # compiled on first use, again after a fault
+        self.chain: CompiledChain | None = None
         self._prepare_encoders()
+        self._compile()
 
     def _prepare_encoders(self) -> None:
         if self.merges:
@@ -197,30 +203,39 @@ class FeaturePipeline:
         in_flight.drain()
         return block
 
+    def _compile(self) -> None:
+        """The compiled chain over the current actors (`runtime.transport: compiled`), built during setup and again
+        after a fault, so no round's streaming time holds a compile."""
+        rt = self.config.runtime
+        if rt.transport != "compiled":
+            return
+        self.chain = CompiledChain(ChainActors(
+            self.source, self.encoders.replicas if self.inline else (), self.memory if self.spec.memory else None,
+            self.monitor, accumulate=self.merges,
+            reference_signal=self.monitor is not None and self.method.sgse.signal == "reference"),
+            rt.max_in_flight, rt.compiled_timeout_s)
+
     def stream_compiled(self, batches: RoundBatches, bar, on_batch: BatchHook | None
                         ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:
         """The round's batches through the compiled chain: (the round's block, its dead-letter tables)."""
-        if self.chain is None:
-            rt = self.config.runtime
-            self.chain = CompiledChain(ChainActors(
-                self.source, self.encoders.replicas if self.inline else (), self.memory if self.spec.memory else None,
-                self.monitor, accumulate=self.merges,
-                reference_signal=self.monitor is not None and self.method.sgse.signal == "reference"),
-                rt.max_in_flight, rt.compiled_timeout_s)
-
         def on_step(step: list[tuple[int, int]]) -> None:
             bar.update(len(step))
             for v, i in step if on_batch is not None else ():
                 on_batch(v, i)
-        block, refused = self.chain.stream(batches, on_step)
-        bar.close()
-        return block, refused
+        try:
+            return self.chain.stream(batches, on_step)
+        finally:
+            bar.close()
 
     def close(self) -> None:
-        """Release the actors from the compiled chain, if one was built."""
-        if self.chain is not None:
-            self.chain.close()
-            self.chain = None
+        """Release the actors from the compiled chain, if one was built (a teardown that fails after a fault is
+        logged: the graph is gone either way, and the replay or the run's own error matters more)."""
+        chain, self.chain = self.chain, None
+        if chain is not None:
+            try:
+                chain.close()
+            except Exception as err:
+                log.warning("compiled chain teardown: %s: %s", type(err).__name__, err)
 
     def evaluate(self, tasks: list[int], after_visit: int, letters: list[ray.ObjectRef]) -> dict[int, float]:
         """Accuracy per task on its test data (refused test rows join `letters`)."""
@@ -247,7 +262,7 @@ class FeaturePipeline:
     def revive(self, parts: dict[str, checkpoint.State]) -> None:
         """After a fault: every role alive and reset, the source given its features again, all restored."""
         self.expansions = None  # belonged to the replayed round
-        self.close()  # the fault shut the compiled graph down; it is compiled again over the revived actors
+        self.close()  # the fault shut the compiled graph down; it is compiled again over the revived actors below
         self.roles.revive()
         if self.encoders is not None:
             self.encoders.revive()
@@ -255,6 +270,7 @@ class FeaturePipeline:
         for split, (rows, feats) in self.features.items():
             ray.get(self.source.set_features.remote(split, rows, feats))
         self.roles.restore(parts)
+        self._compile()
 
     def learned_ids(self) -> np.ndarray:
         return ray.get(self.stage2.learned_ids.remote())

@@ -41,7 +41,6 @@ from pipeline.config import RuntimeConfig, load_config
 from pipeline.progress import InFlight, Progress
 
 CORES = 2  # the machine this is measured on; encoder threads are split between replicas
-HOPS = 4  # actor calls per streamed batch: source, encoder, memory.route, monitor.observe
 TRANSPORTS = ("actors", "compiled")
 STAGES = ("source", "encode", "route", "monitor", "train", "evaluate", "ray_overhead")
 
@@ -103,38 +102,44 @@ def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, case: Case) -> fl
 
 @ray.remote(num_cpus=0)
 class Relay:
-    """A no-op hop: what one actor call costs here when the actor does nothing."""
+    """A no-op hop: what one actor call costs here when the actor does nothing. The first relay of a chain holds
+    the stream's batches and emits one per call, as the source does."""
+
+    def __init__(self, batches: list[pa.RecordBatch] | None = None):
+        self.batches = batches
+
+    def emit(self, index: int) -> pa.RecordBatch:
+        return self.batches[index]
 
     def forward(self, batch):
         return batch
 
 
-def ray_floor(ds: Dataset, rows: np.ndarray, batch_size: int, in_flight: int) -> dict[str, float]:
-    """Seconds to push the stream's raw batches through HOPS no-op actors, submitted like the runner does: one
-    classic call per hop, and the same relays as a compiled graph."""
-    raws = [raw_batch(ds, rows[a:a + batch_size]) for a in range(0, len(rows), batch_size)]
-    batches = [ray.put(raw) for raw in raws]
-    relays = [Relay.remote() for _ in range(HOPS)]
-    ray.get([r.forward.remote(None) for r in relays])
+def ray_floor(batches: list[pa.RecordBatch], hops: int, in_flight: int) -> dict[str, float]:
+    """Seconds to push `batches` through `hops` no-op actors (the first emitting them), submitted like the runner
+    does: one classic call per hop, and the same relays as a compiled graph."""
+    relays = [Relay.remote(batches), *(Relay.remote() for _ in range(hops - 1))]
+    ray.get([relays[0].emit.remote(0), *(r.forward.remote(None) for r in relays[1:])])
     window = InFlight(in_flight, Progress(enabled=False).bar("", len(batches)))
     start = time.perf_counter()
-    for batch in batches:
-        for relay in relays:
-            batch = relay.forward.remote(batch)
-        window.add(batch)
+    for k in range(len(batches)):
+        ref = relays[0].emit.remote(k)
+        for relay in relays[1:]:
+            ref = relay.forward.remote(ref)
+        window.add(ref)
     window.drain()
     classic = time.perf_counter() - start
-    with InputNode() as batch:
-        node = batch
-        for relay in relays:
+    with InputNode() as index:
+        node = relays[0].emit.bind(index)
+        for relay in relays[1:]:
             node = relay.forward.bind(node)
     dag = node.experimental_compile(_max_inflight_executions=in_flight)
     wait_s = RuntimeConfig().compiled_timeout_s
-    ray.get(dag.execute(raws[0]), timeout=wait_s)  # the first execution sets the channels up
+    ray.get(dag.execute(0), timeout=wait_s)  # the first execution sets the channels up
     pending = []
     start = time.perf_counter()
-    for raw in raws:
-        pending.append(dag.execute(raw))
+    for k in range(len(batches)):
+        pending.append(dag.execute(k))
         if len(pending) >= in_flight:
             ray.get(pending.pop(0), timeout=wait_s)
     for ref in pending:
@@ -189,8 +194,15 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
         for transport in TRANSPORTS:
             runs[transport].append(pipeline_run(case, images, image_size, out, actors, transport))
     bare = float(np.median(bares))
-    floor = ray_floor(ds, rows, case.batch_size, RuntimeConfig().max_in_flight)
     n = runs["actors"][0]["samples"]["stream"]
+    if {m["samples"]["stream"] for ms in runs.values() for m in ms} != {len(rows)}:
+        raise RuntimeError(f"{case}: the transports streamed other rows than the bare loop's {len(rows)}")
+    # the floor moves what the source emits (raw images, or feature batches of the cached features' width)
+    # through as many hops as the classic chain makes per batch: source, [encoder], memory.route, monitor.observe
+    chunks = [rows[a:a + case.batch_size] for a in range(0, len(rows), case.batch_size)]
+    emitted = ([S.feature_batch(c, np.zeros((len(c), encoder.dim), np.float32), ds.train_y[c]) for c in chunks]
+               if case.cached else [raw_batch(ds, c) for c in chunks])
+    floor = ray_floor(emitted, 3 if case.cached else 4, RuntimeConfig().max_in_flight)
     batches = -(-n // case.batch_size)
     row = {"encoder": case.label, "batch_size": case.batch_size, "replicas": case.replicas, "images": n,
            "repeats": repeats, "bare_samples_per_s": n / bare, "seconds.bare": bare}

@@ -43,8 +43,8 @@ def streams(draw):
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(batches=streams(), method=st.sampled_from(["mars", "finetune"]),
-       transport=st.sampled_from(["actors", "compiled"]))
+@pytest.mark.parametrize("transport", ["actors", "compiled"])
+@given(batches=streams(), method=st.sampled_from(["mars", "finetune"]))
 def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, method, transport):
     root = tmp_path_factory.mktemp("stream")
     write_stream(root / "data", batches, [clean_test_batch(0, 1), clean_test_batch(1, 2)])

@@ -6,6 +6,7 @@ the accounting of samples is the same (dead letters: tests/integration/test_bad_
 import numpy as np
 import pytest
 
+from memcl_ops.methods import METHODS
 from pipeline import runner
 from pipeline.config import load_config
 
@@ -26,6 +27,7 @@ def config(tmp_path, transport: str, **extra):
 CASES = {
     "mars": {},
     "mars over cached features": {"runtime.cache_dir": "CACHE"},
+    "mars, two replicas, one batch in flight": {"encoder.replicas": 2, "runtime.max_in_flight": 1},
     "mars-reference": {"method.name": "mars-reference"},
     "mars-no-sgse, two replicas": {"method.name": "mars-no-sgse", "encoder.replicas": 2},
     "derpp, no memory": {"method.name": "derpp"},
@@ -42,5 +44,7 @@ def test_compiled_chain_gives_the_classic_run(actors, tmp_path, case):
     assert classic["summary"]["a_mean"] > 0.15  # above the 10 % of chance: the runs learned (not two NaN runs)
     np.testing.assert_array_equal(np.array(compiled["acc_matrix"]), np.array(classic["acc_matrix"]))
     assert compiled["slots"]["history"] == classic["slots"]["history"]
+    if METHODS[extra.get("method.name", "mars")].sgse:  # SGSE added slots mid-stream: routing after expansions ran
+        assert classic["slots"]["expansions"]
     assert compiled["samples"] == classic["samples"]
     assert compiled["memory_bytes"] == classic["memory_bytes"]
