@@ -105,10 +105,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "throughput":
-        from pipeline.throughput import table, throughput
+        from pipeline.config import ConfigError
+        from pipeline.throughput import default_cases, table, throughput
 
-        rows, stage_rows = throughput(images=args.images, image_size=args.image_size, out=args.bench_out,
-                                      repeats=args.repeats)
+        cases = default_cases()
+        if args.cases:
+            known = {case.name: case for case in cases}
+            unknown = [name for name in args.cases.split(",") if name not in known]
+            if unknown:
+                raise ConfigError(f"--cases: unknown {unknown}; the cases are {sorted(known)}")
+            cases = [known[name] for name in args.cases.split(",")]
+        rows, stage_rows = throughput(images=args.images, image_size=args.image_size, cases=cases,
+                                      out=args.bench_out, repeats=args.repeats)
         print()
         print(table(rows, stage_rows))
         print(f"throughput.csv, stages.csv and throughput.png: {Path(args.bench_out) / 'throughput'}")
@@ -225,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--images", type=int, default=2560, help="throughput: images streamed per case")
     ben.add_argument("--image-size", type=int, default=64, help="throughput: EfficientNet input resolution")
     ben.add_argument("--repeats", type=int, default=3, help="throughput: alternating timings per case (medians)")
+    ben.add_argument("--cases", help="throughput: comma-separated cases (default all: efficientnet-lite0-b256-x1, "
+                     "efficientnet-lite0-b512-x1, efficientnet-lite0-b256-x2, tiny-b256-x1, "
+                     "efficientnet-lite0-cached-b256-x1)")
     ben.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method (default 3)")
     ben.add_argument("--methods", help="comma-separated subset of the registered methods (default: all)")
     ben.add_argument("--out", dest="bench_out", default="runs/bench", help="parent folder of <suite>/ results")

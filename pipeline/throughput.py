@@ -57,6 +57,10 @@ class Case:
     def label(self) -> str:
         return f"{self.encoder}{' (cached)' if self.cached else ''}"
 
+    @property
+    def name(self) -> str:  # what `memcl bench throughput --cases` selects by
+        return f"{self.encoder}{'-cached' if self.cached else ''}-b{self.batch_size}-x{self.replicas}"
+
 
 def default_cases() -> list[Case]:
     # The cheap encoder and the cached features stream 100 and 47 batches, so the chain's per-batch cost is not
