@@ -32,9 +32,9 @@ class StreamSource:
             self.args = None
             self.stream = build_stream(source, stream)
             self.args = (source, stream)
-        elif self.stream.describe().cacheable:  # a kept dataset: without the features an earlier run handed it
-            self.stream.drop_cached_features()
         self.info: StreamInfo = self.stream.describe()
+        if self.info.cacheable:  # a kept dataset may still hold the features an earlier run handed it
+            self.stream.drop_cached_features()
         self.max_batch_rows = max_batch_rows
         self.clock = StageClock()
 
