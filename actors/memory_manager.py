@@ -100,15 +100,18 @@ class MemoryManager:
     def history(self) -> dict:
         return self.slots.history()
 
-    def merge_statistics(self, *partials: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Add the encoder replicas' partial analytic statistics (exact integer sums: the order does not matter)
-        to the total; returns the total's state, from which the head learner solves."""
+    def merge_statistics(self, *partials: dict[str, np.ndarray], half_life: int = 0) -> dict[str, np.ndarray]:
+        """Add the encoder replicas' partial analytic statistics of one round (exact integer sums: the order does
+        not matter) to the total, after forgetting the total by the round's size (`AnalyticConfig.half_life`);
+        returns the total's state, from which the head learner solves."""
         with self.clock.time("statistics"):
-            for part in partials:
-                if self.statistics is None:
-                    self.statistics = RidgeStatistics.from_state(part)
-                else:
-                    self.statistics.merge(RidgeStatistics.from_state(part))
+            block = RidgeStatistics.from_state(partials[0])
+            for part in partials[1:]:
+                block.merge(RidgeStatistics.from_state(part))
+            if self.statistics is None:
+                self.statistics = block
+            else:
+                self.statistics.absorb(block, half_life)
             return self.statistics.state()
 
     def arrive(self, key: np.ndarray, rank: int) -> ArrivalPlan:

@@ -142,7 +142,8 @@ class FeaturePipeline:
         t1 = time.perf_counter()
         memory = self.memory.memory_state.remote() if self.spec.memory else None
         if self.merges:
-            merged = self.memory.merge_statistics.remote(*self.encoders.take_statistics())
+            merged = self.memory.merge_statistics.remote(*self.encoders.take_statistics(),
+                                                         half_life=self.method.analytic.half_life)
             out["stage2"] = reports.get(self.stage2.train_merged.remote(merged, memory, *block, progress=queue), what)
         else:
             out["stage2"] = reports.get(self.stage2.train.remote(memory, *block, progress=queue), what)

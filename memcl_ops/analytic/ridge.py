@@ -22,8 +22,11 @@ replica) it is computed in. With s = 16 the rounding error (≤ 2^-17 per coordi
 useful λ; the int64 sums hold about 2^62 / (2^2s · mean φ²) samples (10^9 for s = 16 and φ of order 1).
 
 λ is chosen per task from `lambda_grid` by closed-form leave-one-out (default) or a held-out split, on
-(a seeded subsample of) the current task only, or by generalised cross-validation over everything summed, from
-the statistics alone; see `AnalyticHead.select_lambda`.
+(a seeded subsample of) the current task only, by generalised cross-validation over everything summed, from
+the statistics alone, or by leave-one-out on a hash-chosen reservoir of the whole stream (`Reservoir`), the
+last two the same however the stream was cut; see `AnalyticHead.select_lambda`. On the reservoir the head can
+also blend in the nearest class mean (`mean_weight_grid`), and `half_life` makes the sums forget (a drifting
+stream), still by exact integer operations.
 
 MARS (`mars-analytic`): the head sits on h̃ of the slot memory, and stage 1 moves h̃ between tasks, so
 statistics summed earlier describe features the memory no longer produces. `AnalyticConfig.drift` says
@@ -39,6 +42,7 @@ what the learner does about it (measured in benchmarks/RESULTS.md):
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -50,6 +54,7 @@ from memcl_ops.tensors import layer_norm
 
 EXACT = 2.0**53  # float64 integers below this are exact, and so is every sum that stays below it
 INT64_HEADROOM = 2.0**62  # int64 sums are refused before any entry could reach this
+DECAY_UNIT = 2**16  # decay factors are multiples of 2^-16: p·entry stays inside int64 (see RidgeStatistics.decay)
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,23 @@ class AnalyticConfig:
     lambda_grid: tuple[float, ...] = (1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)  # candidate λ [R]
     # "loo": closed-form leave-one-out of current-task samples under the joint fit (uses every sample, no extra
     # solve); "holdout": hold out a split of the current task, its statistics subtracted exactly; "gcv": generalised
-    # cross-validation over everything summed, from the statistics alone (the same λ however the stream was cut
-    # into blocks) [R]
-    lambda_selection: Literal["loo", "holdout", "gcv"] = "loo"
+    # cross-validation over everything summed, from the statistics alone; "reservoir": closed-form leave-one-out
+    # of a reservoir of `selection_samples` samples kept from the whole stream, chosen by a hash of each sample
+    # (`Reservoir`). "gcv" and "reservoir" give the same λ however the stream was cut into blocks [R]
+    lambda_selection: Literal["loo", "holdout", "gcv", "reservoir"] = "loo"
     # what the candidates are scored by on those samples: "accuracy" (error rate, ties broken by the squared error)
     # or "mse" (the squared error of the one-hot targets, PRESS under "loo") [R]
     lambda_criterion: Literal["accuracy", "mse"] = "accuracy"
-    selection_samples: int = 512  # current-task samples the λ criterion is computed on (seeded subsample) [R]
+    # samples the λ criterion is computed on: a seeded subsample of the current task, or the reservoir's size [R]
+    selection_samples: int = 512
+    # α candidates of the nearest-mean blend, scored with λ on the reservoir: the head's score of class c is
+    # φᵀW_c + α·cos(φ, m_c), m_c the class mean of φ read off the statistics (C_c / n_c); 0 is the plain ridge head,
+    # a large α the nearest-mean classifier (SimpleCIL in φ space). Needs lambda_selection = "reservoir" [R]
+    mean_weight_grid: tuple[float, ...] = (0.0,)
+    # forgetting: before a block of n samples is added, the sums so far are scaled by 2^(-n / half_life) (recursive
+    # least squares with forgetting, at block granularity), so the head tracks a drifting stream; 0 keeps everything
+    # (the exact joint solution). The scaling is an exact integer operation on the merged total [R]
+    half_life: int = 0
     holdout_fraction: float = 0.2  # share of the current task held out when lambda_selection = "holdout" [R]
     drift: Literal["stale", "reproject", "frozen"] = "frozen"  # mars-analytic: see the module docstring [R]
     reproject_ridge: float = 100.0  # η of the reprojection's ridge towards the identity [R]
@@ -85,6 +100,16 @@ class AnalyticConfig:
                              f"{self.fraction_bits}, {self.projection_bits}")
         if not self.lambda_grid or min(self.lambda_grid) <= 0:
             raise ValueError(f"analytic.lambda_grid needs at least one value, all > 0, got {self.lambda_grid}")
+        if not self.mean_weight_grid or min(self.mean_weight_grid) < 0 or self.half_life < 0:
+            raise ValueError(f"analytic.mean_weight_grid needs values >= 0 and half_life >= 0, got "
+                             f"{self.mean_weight_grid}, {self.half_life}")
+        if max(self.mean_weight_grid) > 0 and (self.lambda_selection != "reservoir" or not self.bias
+                                               or self.lambda_criterion != "accuracy"):
+            raise ValueError("analytic.mean_weight_grid above 0 needs lambda_selection = reservoir, lambda_criterion = "
+                             "accuracy and bias = true (the bias coordinate is left out of the class means)")
+        if self.half_life and self.lambda_selection == "gcv":
+            raise ValueError("analytic.lambda_selection = gcv counts every sample once; it cannot score a head with "
+                             "half_life > 0")
         if self.selection_samples < 1 or not 0 < self.holdout_fraction < 1 or self.reproject_ridge <= 0:
             raise ValueError("analytic needs selection_samples >= 1, 0 < holdout_fraction < 1, reproject_ridge > 0; "
                              f"got {self.selection_samples}, {self.holdout_fraction}, {self.reproject_ridge}")
@@ -212,6 +237,27 @@ class RidgeStatistics:
         self.targets[:, np.searchsorted(self.classes, other.classes)] += other.targets
         self.count += other.count
 
+    def decay(self, factor: float) -> None:
+        """Scale the sums by `factor` in [0, 1], rounded to p / 2^16: each entry becomes floor(entry · p / 2^16),
+        computed in int64 without overflow (entry = hi·2^31 + lo), so the result is the same integer on any
+        machine and a merged total decays exactly as a single accumulator would. `count` stays the samples seen."""
+        if not 0.0 <= factor <= 1.0:
+            raise ValueError(f"a decay factor must be in [0, 1], got {factor}")
+        p = np.int64(round(factor * DECAY_UNIT))
+        if p == DECAY_UNIT:
+            return
+        for name in ("gram", "targets"):
+            sums = getattr(self, name)
+            high, low = sums >> 31, sums & np.int64(2**31 - 1)
+            setattr(self, name, ((high * p) << 15) + ((low * p) >> 16))
+
+    def absorb(self, block: RidgeStatistics, half_life: int) -> None:
+        """Add a block's sums after forgetting: the sums so far are scaled by 2^(-n / half_life) for a block of n
+        samples (half_life 0: nothing is forgotten)."""
+        if half_life and self.count:
+            self.decay(2.0 ** (-block.count / half_life))
+        self.merge(block)
+
     def copy(self) -> RidgeStatistics:
         return RidgeStatistics.from_state(self.state())
 
@@ -246,6 +292,65 @@ class RidgeStatistics:
         return gram + self.targets.nbytes + self.classes.nbytes
 
 
+class Reservoir:
+    """Samples kept from the whole stream for choosing λ (and α): the `size` samples of lowest priority, where a
+    sample's priority is a hash of its features and label, so which samples are kept does not depend on the order
+    they came in or on how the stream was cut into blocks (a bottom-k sketch). With a half-life the sample is
+    recency-weighted like the decayed sums (Efraimidis-Spirakis keys u^(1/w), w = 2^(t / half_life), t the samples
+    seen when its block was added), so the kept samples follow what the head still remembers.
+    """
+
+    def __init__(self, size: int, half_life: int = 0):
+        self.size, self.half_life = size, half_life
+        self.features = np.zeros((0, 0), np.float32)
+        self.labels = np.zeros(0, np.int64)
+        self.priority = np.zeros(0, np.float64)
+        self.added_at = np.zeros(0, np.int64)  # samples seen once the sample's block was summed
+
+    def add(self, features: np.ndarray, labels: np.ndarray, added_at: int) -> None:
+        features, labels = np.ascontiguousarray(features), np.asarray(labels, np.int64)
+        digests = [hashlib.blake2b(row.tobytes() + label.tobytes(), digest_size=8).digest()
+                   for row, label in zip(features, labels)]
+        uniform = (np.frombuffer(b"".join(digests), np.uint64).astype(np.float64) + 0.5) / 2.0**64
+        priority = np.log(-np.log(uniform))  # smaller is kept: the log of ES's -log(key), here with w = 1
+        if self.half_life:
+            priority -= added_at / self.half_life * np.log(2.0)
+        if not len(self.labels):
+            self.features = np.zeros((0, features.shape[1]), features.dtype)
+        kept = np.concatenate([self.features, features]), np.concatenate([self.labels, labels])
+        priority = np.concatenate([self.priority, priority])
+        added = np.concatenate([self.added_at, np.full(len(labels), added_at, np.int64)])
+        order = np.argsort(priority, kind="stable")[:self.size]
+        self.features, self.labels, self.priority, self.added_at = kept[0][order], kept[1][order], priority[order], \
+            added[order]
+
+    def weights(self, seen: int) -> np.ndarray:
+        """Each kept sample's weight in the sums after `seen` samples (1 without forgetting)."""
+        if not self.half_life:
+            return np.ones(len(self.labels))
+        return 2.0 ** (-(seen - self.added_at) / self.half_life)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"features": self.features.copy(), "labels": self.labels.copy(), "priority": self.priority.copy(),
+                "added_at": self.added_at.copy()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.features, self.labels = np.array(state["features"]), np.array(state["labels"], np.int64)
+        self.priority, self.added_at = np.array(state["priority"]), np.array(state["added_at"], np.int64)
+
+    def nbytes(self) -> int:
+        return self.features.nbytes + self.labels.nbytes + self.priority.nbytes + self.added_at.nbytes
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What `AnalyticHead.select_lambda` picked: λ, the nearest-mean weight α, and the error of every λ at that α."""
+
+    lam: float
+    mean_weight: float
+    errors: dict[float, float]
+
+
 def _cholesky(gram: torch.Tensor, lam: float) -> torch.Tensor:
     factor, info = torch.linalg.cholesky_ex(gram + lam * torch.eye(len(gram), dtype=gram.dtype))
     if int(info):
@@ -264,9 +369,14 @@ class AnalyticHead:
         self.weight = np.zeros((self.feature_map.dim, 0))
         self.weight_classes = np.zeros(0, np.int64)  # the classes W was solved for (the stats may have more)
         self.lam = float("nan")
+        self.mean_weight = 0.0  # α of the nearest-mean blend (AnalyticConfig.mean_weight_grid)
+        self.mean_directions = np.zeros((self.feature_map.dim - 1, 0))  # unit class means of φ, without the bias
 
     def update(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
-        self.stats.add(self.feature_map(features), np.asarray(labels))
+        """Sum a block in, after forgetting the sums so far by the block's size (`half_life`; none at 0)."""
+        block = RidgeStatistics(self.stats.dim)
+        block.add(self.feature_map(features), np.asarray(labels))
+        self.stats.absorb(block, self.config.half_life)
 
     def take_statistics(self) -> RidgeStatistics:
         """The statistics summed so far, leaving this head's sums at zero (a replica hands on its partial sums)."""
@@ -288,30 +398,35 @@ class AnalyticHead:
         gram, targets = self._float_stats(stats)
         return torch.cholesky_solve(targets, _cholesky(gram, lam)).numpy()
 
-    def solve(self, lam: float) -> np.ndarray:
-        """W = (G + λI)⁻¹C over every class seen; returns W (dim × classes)."""
-        if lam <= 0:
-            raise ValueError(f"λ must be > 0, got {lam}")
+    def solve(self, lam: float, mean_weight: float = 0.0) -> np.ndarray:
+        """W = (G + λI)⁻¹C over every class seen, and the class-mean directions the score adds at weight α =
+        `mean_weight` (none at 0); returns W (dim × classes)."""
+        if lam <= 0 or mean_weight < 0:
+            raise ValueError(f"λ must be > 0 and the mean weight >= 0, got {lam}, {mean_weight}")
         self.weight, self.weight_classes, self.lam = self._solve(self.stats, lam), self.stats.classes.copy(), lam
+        self.mean_weight = mean_weight
+        self.mean_directions = np.zeros((self.feature_map.dim - 1, 0))
+        if mean_weight:
+            sums = self._class_sums(self._float_stats(self.stats)[1]).numpy()
+            self.mean_directions = sums / np.maximum(np.linalg.norm(sums, axis=0), 1e-12)
         return self.weight
 
-    def select_lambda(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor,
-                      seed: int = 0) -> tuple[float, dict[float, float]]:
-        """λ from `lambda_grid` with the lowest error (`lambda_criterion`) on current-task samples (already in
-        the statistics), and the error of every candidate.
+    def select_lambda(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, seed: int = 0,
+                      weights: np.ndarray | None = None) -> Choice:
+        """λ from `lambda_grid` (and α from `mean_weight_grid`) with the lowest error (`lambda_criterion`) on
+        samples already in the statistics: the current block, or the reservoir (`weights`: each sample's weight in
+        the decayed sums).
 
-        "loo": the closed-form leave-one-out residual of sample n under the joint fit on everything summed,
-        e_n = (y_n - ŷ_n) / (1 - φ_nᵀ(G + λI)⁻¹φ_n): exact, needs no data beyond the current block and no
-        extra fit, and every current sample both trains and validates. "holdout": a seeded split of the
-        current block is subtracted (exactly) from the statistics, the head solved on the rest and scored on it.
-        Either way only the current task's samples are scored (no old data is kept), on at most
-        `selection_samples` of them. One Cholesky per candidate.
+        "loo" / "reservoir": the closed-form leave-one-out residual of sample n under the joint fit on everything
+        summed, e_n = (y_n - ŷ_n) / (1 - w_n φ_nᵀ(G + λI)⁻¹φ_n): exact, needs no extra fit, and every scored sample
+        both trains and validates; the nearest-mean score leaves the sample out of its class sum too. "holdout": a
+        seeded split of the current block is subtracted (exactly) from the statistics, the head solved on the rest
+        and scored on it. At most `selection_samples` samples are scored. One Cholesky per λ candidate.
         """
         cfg = self.config
         if cfg.lambda_selection == "gcv":
             scores = self.gcv_scores()
-            best = min(scores, key=scores.__getitem__)
-            return best, scores
+            return Choice(min(scores, key=scores.__getitem__), 0.0, scores)
         features, labels = np.asarray(features), np.asarray(labels, np.int64)
         order = np.random.default_rng([self.seed, seed]).permutation(len(labels))
         fit = self.stats
@@ -322,20 +437,43 @@ class AnalyticHead:
         scored = order[:cfg.selection_samples]
         x = torch.from_numpy(self.feature_map.to_float(self.feature_map(features[scored])))
         y = torch.from_numpy((labels[scored][:, None] == self.stats.classes[None, :]).astype(np.float64))
+        w = torch.ones(len(scored), dtype=torch.float64) if weights is None else torch.from_numpy(weights[scored])
         gram, targets = self._float_stats(fit)
+        nearest = self._left_out_mean_similarity(x, y, w, targets) if max(cfg.mean_weight_grid) > 0 else 0.0
         scores = {}
         for lam in cfg.lambda_grid:
             factor = _cholesky(gram, lam)
             residual = y - x @ torch.cholesky_solve(targets, factor)
-            if cfg.lambda_selection == "loo":
+            if cfg.lambda_selection in ("loo", "reservoir"):
                 # φᵀ(LLᵀ)⁻¹φ = ‖L⁻¹φ‖²: one triangular solve
                 leverage = torch.linalg.solve_triangular(factor, x.T, upper=False).pow(2).sum(dim=0)
-                residual = residual / (1.0 - leverage).clamp_min(1e-12)[:, None]
+                residual = residual / (1.0 - w * leverage).clamp_min(1e-12)[:, None]
             mse = float(residual.pow(2).sum(dim=1).mean())
-            error_rate = float(((y - residual).argmax(dim=1) != y.argmax(dim=1)).double().mean())
-            scores[lam] = (error_rate, mse) if cfg.lambda_criterion == "accuracy" else (mse,)
-        best = min(scores, key=scores.__getitem__)
-        return best, {lam: score[0] for lam, score in scores.items()}
+            for alpha in cfg.mean_weight_grid:
+                predicted = (y - residual + alpha * nearest).argmax(dim=1)
+                error_rate = float((predicted != y.argmax(dim=1)).double().mean())
+                # ties: the smaller squared error, then the smaller nearest-mean weight
+                scores[lam, alpha] = (error_rate, mse, alpha) if cfg.lambda_criterion == "accuracy" else (mse,)
+        lam, alpha = min(scores, key=scores.__getitem__)
+        return Choice(lam, alpha, {cand: scores[cand, alpha][0] for cand in cfg.lambda_grid})
+
+    def _class_sums(self, targets: torch.Tensor) -> torch.Tensor:
+        """Σ φ over each class's samples without the bias coordinate (C's rows), the nearest-mean classifier's
+        class directions up to scale."""
+        return targets[:-1]
+
+    def _left_out_mean_similarity(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                                  targets: torch.Tensor) -> torch.Tensor:
+        """cos(φ_n, m_c) for every scored sample and class, with sample n taken out of its own class's sum."""
+        sums, phi = self._class_sums(targets), x[:, :-1]
+        dots = phi @ sums  # (n, classes)
+        norms = sums.pow(2).sum(dim=0).expand_as(dots).clone()
+        own_dot = (dots * y).sum(dim=1)
+        phi_sq = phi.pow(2).sum(dim=1)
+        own_left_out = own_dot - w * phi_sq
+        norms[y.bool()] = (norms[y.bool()] - 2 * w * own_dot + w.pow(2) * phi_sq).clamp_min(0.0)
+        dots[y.bool()] = own_left_out
+        return dots / (phi_sq.sqrt()[:, None] * norms.sqrt()).clamp_min(1e-12)
 
     def gcv_scores(self) -> dict[float, float]:
         """Generalised cross-validation of every λ candidate over all N samples summed, from G, C and N only:
@@ -356,7 +494,13 @@ class AnalyticHead:
         return scores
 
     def logits(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
-        return self.feature_map.to_float(self.feature_map(features)) @ self.weight
+        phi = self.feature_map.to_float(self.feature_map(features))
+        scores = phi @ self.weight
+        if self.mean_weight:
+            body = phi[:, :-1]
+            scores += self.mean_weight * (body @ self.mean_directions) / np.maximum(
+                np.linalg.norm(body, axis=1, keepdims=True), 1e-12)
+        return scores
 
     def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
         """Global class ids of the highest score (-1 before the first solve)."""
@@ -367,17 +511,22 @@ class AnalyticHead:
 
     def state(self) -> dict[str, np.ndarray]:
         return {**{f"stats.{k}": v for k, v in self.stats.state().items()}, "weight": self.weight.copy(),
-                "weight_classes": self.weight_classes.copy(), "lambda": np.array(self.lam)}
+                "weight_classes": self.weight_classes.copy(), "lambda": np.array(self.lam),
+                "mean_weight": np.array(self.mean_weight), "mean_directions": self.mean_directions.copy()}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.stats.restore({k[6:]: v for k, v in state.items() if k.startswith("stats.")})
         self.weight = np.array(state["weight"], np.float64)
         self.weight_classes = np.array(state["weight_classes"], np.int64)
         self.lam = float(state["lambda"])
+        self.mean_weight = float(state["mean_weight"])
+        self.mean_directions = np.array(state["mean_directions"], np.float64)
 
     def nbytes(self) -> dict[str, int]:
-        """Persistent bytes: the statistics, and W with its class ids (R is regenerated from the seed)."""
-        return {"statistics": self.stats.nbytes(), "weights": self.weight.nbytes + self.weight_classes.nbytes}
+        """Persistent bytes: the statistics, and W with its class ids and class means (R is regenerated from the
+        seed)."""
+        return {"statistics": self.stats.nbytes(),
+                "weights": self.weight.nbytes + self.weight_classes.nbytes + self.mean_directions.nbytes}
 
 
 class AnalyticLearner:
@@ -394,6 +543,8 @@ class AnalyticLearner:
         self.head = AnalyticHead(feature_dim, config, seed)
         self.previous_memory: dict[str, np.ndarray] = {}  # the memory at the last fit ("reproject" only)
         self.fits = 0
+        self.seen = 0  # samples summed so far
+        self.reservoir = Reservoir(config.selection_samples, config.half_life)  # "reservoir" selection only
 
     def _train_inputs(self, features: torch.Tensor, memory: SlotRouter | None) -> torch.Tensor:
         if memory is None:
@@ -413,11 +564,18 @@ class AnalyticLearner:
         return self._resolve(x, labels)
 
     def _resolve(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-        """λ chosen on the block, W re-solved on everything summed."""
-        lam, errors = self.head.select_lambda(x, labels, seed=self.fits)
-        self.head.solve(lam)
+        """λ (and α) chosen on the block or the reservoir, W re-solved on everything summed."""
+        self.seen += len(labels)
+        if self.config.lambda_selection == "reservoir":
+            self.reservoir.add(np.asarray(x), np.asarray(labels), self.seen)
+            choice = self.head.select_lambda(self.reservoir.features, self.reservoir.labels,
+                                             weights=self.reservoir.weights(self.seen))
+        else:
+            choice = self.head.select_lambda(x, labels, seed=self.fits)
+        self.head.solve(choice.lam, choice.mean_weight)
         self.fits += 1
-        return {"lambda": lam, "selection_error": errors[lam]}
+        return {"lambda": choice.lam, "mean_weight": choice.mean_weight,
+                "selection_error": choice.errors[choice.lam]}
 
     @torch.no_grad()
     def fit_merged(self, statistics: dict[str, np.ndarray], features: torch.Tensor, labels: torch.Tensor,
@@ -471,12 +629,15 @@ class AnalyticLearner:
     def state(self) -> dict[str, np.ndarray]:
         return {**{f"head.{k}": v for k, v in self.head.state().items()},
                 **{f"previous_memory.{k}": v.copy() for k, v in self.previous_memory.items()},
-                "fits": np.array(self.fits)}
+                **{f"reservoir.{k}": v for k, v in self.reservoir.state().items()},
+                "fits": np.array(self.fits), "seen": np.array(self.seen)}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.head.restore({k[5:]: v for k, v in state.items() if k.startswith("head.")})
         self.previous_memory = {k[16:]: np.array(v) for k, v in state.items() if k.startswith("previous_memory.")}
-        self.fits = int(state["fits"])
+        self.reservoir.restore({k[10:]: v for k, v in state.items() if k.startswith("reservoir.")})
+        self.fits, self.seen = int(state["fits"]), int(state["seen"])
 
     def memory_bytes(self) -> dict[str, int]:
-        return {**self.head.nbytes(), "previous_memory": int(sum(v.nbytes for v in self.previous_memory.values()))}
+        return {**self.head.nbytes(), "previous_memory": int(sum(v.nbytes for v in self.previous_memory.values())),
+                "reservoir": self.reservoir.nbytes()}

@@ -151,7 +151,7 @@ def test_state_round_trips_and_the_restored_head_continues_identically(config):
     first, second = np.flatnonzero(y < 4), np.flatnonzero(y >= 4)
     head = AnalyticHead(DIM, config, seed=5)
     head.update(x[first], y[first])
-    head.solve(*head.select_lambda(x[first], y[first])[:1])
+    head.solve(head.select_lambda(x[first], y[first]).lam)
     restored = AnalyticHead(DIM, config, seed=5)
     restored.restore(through_npz(head.state()))
     np.testing.assert_array_equal(restored.predict(x), head.predict(x))
@@ -226,7 +226,7 @@ def test_lambda_criterion_equals_brute_force_refits(selection):
                             selection_samples=len(y), lambda_grid=(0.5, 5.0))
     head = AnalyticHead(DIM, config, seed=0)
     head.update(x, y)
-    _, errors = head.select_lambda(x, y, seed=3)
+    errors = head.select_lambda(x, y, seed=3).errors
     fmap = head.feature_map
     if selection == "loo":
         scored = [[n] for n in range(len(y))]
@@ -252,7 +252,7 @@ def test_gcv_equals_its_definition_on_the_data(config):
     x, y = clusters(9, per_class=12)
     head = AnalyticHead(DIM, replace(config, lambda_selection="gcv", lambda_grid=(0.1, 3.0, 300.0)), seed=0)
     head.update(x, y)
-    _, scores = head.select_lambda(x, y)
+    scores = head.select_lambda(x, y).errors
     phi = head.feature_map.to_float(head.feature_map(x))
     onehot = (y[:, None] == head.stats.classes[None, :]).astype(np.float64)
     for lam, score in scores.items():
@@ -293,7 +293,7 @@ def test_lambda_selection_prefers_regularisation_when_features_are_noisy():
         x = (means[y] + rng.normal(0, noise, (len(y), 64))).astype(np.float32)
         head = AnalyticHead(64, AnalyticConfig(expansion_dim=0, lambda_grid=(0.01, 1.0, 100.0, 1e4)), seed=seed)
         head.update(x, y)
-        return head.select_lambda(x, y)[0]
+        return head.select_lambda(x, y).lam
     noisy = [chosen(3.0, 12, s) for s in range(10)]
     clean = [chosen(0.1, 200, s) for s in range(10)]
     assert np.median(noisy) > np.median(clean), (noisy, clean)
