@@ -29,11 +29,22 @@ def last_checkpoint(metrics: dict) -> dict:
     return checkpoint.read(Path(metrics["run_dir"]) / "checkpoints" / f"ckpt-{TASKS - 1:06d}.npz")[0]
 
 
+# the exact joint head, and one that forgets (the MemoryManager decays the merged total) with λ and the nearest-mean
+# weight chosen on the reservoir
+VARIANTS = {"joint": {}, "forgetting": {"method.analytic.half_life": 60, "method.analytic.lambda_selection": "reservoir",
+                                        "method.analytic.mean_weight_grid": [0.0, 1.0, 10.0]}}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request):
+    return VARIANTS[request.param]
+
+
 @pytest.fixture(scope="module")
-def single(actors, tmp_path_factory):
+def single(actors, tmp_path_factory, variant):
     """The reference: the same replicas encode, the head learner sums every batch itself."""
-    return runner.run(config(tmp_path_factory.mktemp("single"), **{"method.analytic.accumulate_in": "learner"}),
-                      actors=actors).metrics
+    return runner.run(config(tmp_path_factory.mktemp("single"), **{"method.analytic.accumulate_in": "learner"},
+                             **variant), actors=actors).metrics
 
 
 def assert_same_head(merged: dict, single: dict) -> None:
@@ -42,15 +53,15 @@ def assert_same_head(merged: dict, single: dict) -> None:
     for key in ("gram_upper", "targets", "classes", "count"):
         np.testing.assert_array_equal(m["memory"][f"statistics.{key}"], s["stage2"][f"learner.head.stats.{key}"],
                                       err_msg=key)
-    for key in ("weight", "weight_classes", "lambda"):
+    for key in ("weight", "weight_classes", "lambda", "mean_weight"):
         np.testing.assert_array_equal(m["stage2"][f"learner.head.{key}"], s["stage2"][f"learner.head.{key}"],
                                       err_msg=key)
     np.testing.assert_array_equal(np.array(merged["acc_matrix"]), np.array(single["acc_matrix"]))
 
 
 def test_statistics_summed_by_two_replicas_and_merged_give_the_single_learner_head_bit_for_bit(actors, tmp_path,
-                                                                                             single):
-    merged = runner.run(config(tmp_path), actors=actors).metrics
+                                                                                             single, variant):
+    merged = runner.run(config(tmp_path, **variant), actors=actors).metrics
     busy = merged["actor_busy_seconds"]
     assert {"encoder0.accumulate", "encoder1.accumulate"} <= set(busy), busy  # both replicas summed a share
     assert not any(k.endswith(".accumulate") for k in single["actor_busy_seconds"])
@@ -62,8 +73,8 @@ def test_statistics_summed_by_two_replicas_and_merged_give_the_single_learner_he
 
 
 @pytest.mark.slow  # one more run through the actor pipeline; the recovery machinery has its own default-tier tests
-def test_a_replica_killed_mid_stream_is_recovered_and_the_head_is_unchanged(actors, tmp_path, single):
+def test_a_replica_killed_mid_stream_is_recovered_and_the_head_is_unchanged(actors, tmp_path, single, variant):
     kill_second_replica, done = killer(actors, "encoder1", (2, 1), restart=True)
-    merged = runner.run(config(tmp_path), actors=actors, on_batch=kill_second_replica).metrics
+    merged = runner.run(config(tmp_path, **variant), actors=actors, on_batch=kill_second_replica).metrics
     assert done and merged["recoveries"] >= 1
     assert_same_head(merged, single)
