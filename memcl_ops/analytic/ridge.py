@@ -71,16 +71,17 @@ class AnalyticConfig:
     # cross-validation over everything summed, from the statistics alone; "reservoir": closed-form leave-one-out
     # of a reservoir of `selection_samples` samples kept from the whole stream, chosen by a hash of each sample
     # (`Reservoir`). "gcv" and "reservoir" give the same λ however the stream was cut into blocks [R]
-    lambda_selection: Literal["loo", "holdout", "gcv", "reservoir"] = "loo"
+    # (default: the one accuracy-based rule that does not depend on the cutting; benchmarks/RESULTS.md) [R]
+    lambda_selection: Literal["loo", "holdout", "gcv", "reservoir"] = "reservoir"
     # what the candidates are scored by on those samples: "accuracy" (error rate, ties broken by the squared error)
     # or "mse" (the squared error of the one-hot targets, PRESS under "loo") [R]
     lambda_criterion: Literal["accuracy", "mse"] = "accuracy"
     # samples the λ criterion is computed on: a seeded subsample of the current task, or the reservoir's size [R]
     selection_samples: int = 512
-    # α candidates of the nearest-mean blend, scored with λ on the reservoir: the head's score of class c is
+    # α candidates of the nearest-mean blend, scored with λ on the same samples: the head's score of class c is
     # φᵀW_c + α·cos(φ, m_c), m_c the class mean of φ read off the statistics (C_c / n_c); 0 is the plain ridge head,
-    # a large α the nearest-mean classifier (SimpleCIL in φ space). Needs lambda_selection = "reservoir" [R]
-    mean_weight_grid: tuple[float, ...] = (0.0,)
+    # a large α the nearest-mean classifier (SimpleCIL in φ space); not with "gcv" or the "mse" criterion [R]
+    mean_weight_grid: tuple[float, ...] = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
     # forgetting: before a block of n samples is added, the sums so far are scaled by 2^(-n / half_life) (recursive
     # least squares with forgetting, at block granularity), so the head tracks a drifting stream; 0 keeps everything
     # (the exact joint solution). The scaling is an exact integer operation on the merged total [R]
@@ -103,10 +104,11 @@ class AnalyticConfig:
         if not self.mean_weight_grid or min(self.mean_weight_grid) < 0 or self.half_life < 0:
             raise ValueError(f"analytic.mean_weight_grid needs values >= 0 and half_life >= 0, got "
                              f"{self.mean_weight_grid}, {self.half_life}")
-        if max(self.mean_weight_grid) > 0 and (self.lambda_selection != "reservoir" or not self.bias
+        if max(self.mean_weight_grid) > 0 and (self.lambda_selection == "gcv" or not self.bias
                                                or self.lambda_criterion != "accuracy"):
-            raise ValueError("analytic.mean_weight_grid above 0 needs lambda_selection = reservoir, lambda_criterion = "
-                             "accuracy and bias = true (the bias coordinate is left out of the class means)")
+            raise ValueError("analytic.mean_weight_grid above 0 is scored on samples (not gcv), by accuracy, and needs "
+                             "bias = true (the bias coordinate is left out of the class means); set "
+                             "analytic.mean_weight_grid=[0] for the plain ridge head")
         if self.half_life and self.lambda_selection == "gcv":
             raise ValueError("analytic.lambda_selection = gcv counts every sample once; it cannot score a head with "
                              "half_life > 0")
@@ -439,7 +441,9 @@ class AnalyticHead:
         y = torch.from_numpy((labels[scored][:, None] == self.stats.classes[None, :]).astype(np.float64))
         w = torch.ones(len(scored), dtype=torch.float64) if weights is None else torch.from_numpy(weights[scored])
         gram, targets = self._float_stats(fit)
-        nearest = self._left_out_mean_similarity(x, y, w, targets) if max(cfg.mean_weight_grid) > 0 else 0.0
+        nearest = 0.0
+        if max(cfg.mean_weight_grid) > 0:  # held-out samples are not in `fit`'s class sums: nothing to take out
+            nearest = self._left_out_mean_similarity(x, y, w * (cfg.lambda_selection != "holdout"), targets)
         scores = {}
         for lam in cfg.lambda_grid:
             factor = _cholesky(gram, lam)

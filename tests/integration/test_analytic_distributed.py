@@ -29,9 +29,9 @@ def last_checkpoint(metrics: dict) -> dict:
     return checkpoint.read(Path(metrics["run_dir"]) / "checkpoints" / f"ckpt-{TASKS - 1:06d}.npz")[0]
 
 
-# the exact joint head, and one that forgets (the MemoryManager decays the merged total) with λ and the nearest-mean
-# weight chosen on the reservoir
-VARIANTS = {"joint": {}, "forgetting": {"method.analytic.half_life": 60, "method.analytic.lambda_selection": "reservoir",
+# the exact joint head, and one that forgets (the MemoryManager decays the merged total), λ and the nearest-mean
+# weight chosen on the reservoir either way
+VARIANTS = {"joint": {}, "forgetting": {"method.analytic.half_life": 60,
                                         "method.analytic.mean_weight_grid": [0.0, 1.0, 10.0]}}
 
 
