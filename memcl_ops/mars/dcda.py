@@ -54,6 +54,11 @@ class Stage2Config:
     # Anchor KD over the old-class logits only, or over the full softmax with the teacher padded by zeros for
     # new classes (keeps anchor *predictions* consistent, what Thm. 2's bound assumes) [R].
     anchor_scope: Literal["old", "all"] = "all"
+    # Where the anchor KD is computed: one point per slot (the router's EMA mean of LN(h) through slot i's affine,
+    # as written), or one per (slot, class): the routing-weighted mean of LN(h) over the class's samples through slot
+    # i's affine (`ClassAnchors`), so a slot shared by several classes keeps one point for each [R].
+    # (slot-class: MARS's A_last +5.7 points on fmnist-5x2, benchmarks/RESULTS.md; the paper's rule in `mars-paper`)
+    anchor_points: Literal["slot", "slot-class"] = "slot-class"
 
 
 @dataclass
@@ -67,12 +72,16 @@ class Teacher:
 
     @classmethod
     @torch.no_grad()
-    def snapshot(cls, router: SlotRouter | None, head: GrowingLinearHead) -> Teacher:
+    def snapshot(cls, router: SlotRouter | None, head: GrowingLinearHead,
+                 anchors: torch.Tensor | None = None) -> Teacher:
+        """The teacher at the end of a task; `anchors`: KD points other than the router's slot anchors."""
         if router is None:
             return cls({}, head.state(), np.zeros((0, head.feature_dim), np.float32),
                        np.zeros((0, head.num_classes), np.float32))
-        anchors, _ = router.anchors()
+        if anchors is None:
+            anchors, _ = router.anchors()
         return cls(router.state(), head.state(), anchors.numpy().copy(), head(anchors).numpy().copy())
+
 
     def head(self, feature_dim: int) -> GrowingLinearHead:
         head = GrowingLinearHead(feature_dim)
@@ -95,6 +104,49 @@ class Teacher:
         def part(prefix: str) -> dict[str, np.ndarray]:
             return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         return cls(part("router."), part("head."), state["anchors"], state["anchor_logits"])
+
+
+class ClassAnchors:
+    """Routing-weighted sums of LN(h) per (slot, class), m_ic = Σ_{x of class c} p_i(x) LN(h(x)) with mass
+    Σ p_i(x), summed over every block the head was fitted on; the anchor of (i, c) is γ_i m_ic / mass + β_i under
+    the memory at the task's end, for each pair with at least one sample's worth of mass."""
+
+    def __init__(self, feature_dim: int):
+        self.sums = torch.zeros(0, 0, feature_dim)  # (slots, classes, D)
+        self.mass = torch.zeros(0, 0)
+        self.classes = np.zeros(0, np.int64)
+
+    @torch.no_grad()
+    def add(self, router: SlotRouter, features: torch.Tensor, labels: torch.Tensor) -> None:
+        labels = labels.numpy()
+        classes = np.union1d(self.classes, labels)
+        slots = router.num_slots
+        sums = torch.zeros(slots, len(classes), self.sums.shape[2])
+        mass = torch.zeros(slots, len(classes))
+        old = torch.from_numpy(np.searchsorted(classes, self.classes))
+        sums[:self.sums.shape[0], old] = self.sums  # slots only grow
+        mass[:self.mass.shape[0], old] = self.mass
+        _, probs = router.route(features)
+        ln_h = layer_norm(features)
+        for c in np.unique(labels):  # one (S x n_c) @ (n_c x D) product per class of the block
+            rows = torch.from_numpy(labels == c)
+            column = int(np.searchsorted(classes, c))
+            sums[:, column] += probs[rows].T @ ln_h[rows]
+            mass[:, column] += probs[rows].sum(dim=0)
+        self.sums, self.mass, self.classes = sums, mass, classes
+
+    @torch.no_grad()
+    def points(self, router: SlotRouter) -> torch.Tensor:
+        slot, column = torch.nonzero(self.mass >= 1.0, as_tuple=True)
+        mean = self.sums[slot, column] / self.mass[slot, column].unsqueeze(1)
+        return router.gamma[slot] * mean + router.beta[slot]
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"sums": self.sums.numpy().copy(), "mass": self.mass.numpy().copy(), "classes": self.classes.copy()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.sums, self.mass = torch.from_numpy(np.array(state["sums"])), torch.from_numpy(np.array(state["mass"]))
+        self.classes = np.array(state["classes"], np.int64)
 
 
 def train_stage1(router: SlotRouter, features: torch.Tensor, labels: torch.Tensor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from memcl_ops.mars.dcda import Stage2Config, Teacher, apply_memory, train_stage2
+from memcl_ops.mars.dcda import ClassAnchors, Stage2Config, Teacher, apply_memory, train_stage2
 from memcl_ops.mars.router import SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.tensors import state_nbytes
@@ -23,12 +23,17 @@ class DistillHead:
         self.head = GrowingLinearHead(feature_dim)
         self.teacher: Teacher | None = None
         self.fits = 0
+        # the (slot, class) anchor sums, when the anchor KD uses them and there is a memory to route through
+        self.class_anchors = (ClassAnchors(feature_dim) if config.anchor_points == "slot-class" and config.lambda_anchor
+                              else None)
 
     @property
     def distills(self) -> bool:
         return bool(self.config.lambda_lwf or self.config.lambda_anchor)
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+        if self.class_anchors is not None and memory is not None:
+            self.class_anchors.add(memory, features, labels)
         self.head.grow(labels)
         history = train_stage2(self.head, memory, features, labels, self.teacher, self.config,
                                seed=self.seed * 100_003 + self.fits)
@@ -37,7 +42,9 @@ class DistillHead:
 
     def end_task(self, memory: SlotRouter | None) -> None:
         if self.distills:
-            self.teacher = Teacher.snapshot(memory, self.head)
+            points = (self.class_anchors.points(memory) if self.class_anchors is not None and memory is not None
+                      else None)
+            self.teacher = Teacher.snapshot(memory, self.head, points)
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
@@ -47,6 +54,8 @@ class DistillHead:
         out = {f"head.{k}": v for k, v in self.head.state().items()}
         if self.teacher is not None:
             out.update({f"teacher.{k}": v for k, v in self.teacher.state().items()})
+        if self.class_anchors is not None:
+            out.update({f"class_anchors.{k}": v for k, v in self.class_anchors.state().items()})
         out["fits"] = np.array(self.fits)
         return out
 
@@ -54,8 +63,11 @@ class DistillHead:
         self.head.load_state({k[5:]: v for k, v in state.items() if k.startswith("head.")})
         teacher = {k[8:]: v for k, v in state.items() if k.startswith("teacher.")}
         self.teacher = Teacher.from_state(teacher) if teacher else None
+        if self.class_anchors is not None:
+            self.class_anchors.restore({k[14:]: v for k, v in state.items() if k.startswith("class_anchors.")})
         self.fits = int(state["fits"])
 
     def memory_bytes(self) -> dict[str, int]:
         return {"head": self.head.nbytes(),
-                "teacher": state_nbytes(self.teacher.state()) if self.teacher is not None else 0}
+                "teacher": state_nbytes(self.teacher.state()) if self.teacher is not None else 0,
+                "class_anchors": state_nbytes(self.class_anchors.state()) if self.class_anchors is not None else 0}

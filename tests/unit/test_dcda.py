@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from memcl_ops.losses import smoothness_loss, supcon_loss
-from memcl_ops.mars.dcda import Stage1Config, Stage2Config, Teacher, train_stage1, train_stage2
+from memcl_ops.mars.dcda import ClassAnchors, Stage1Config, Stage2Config, Teacher, train_stage1, train_stage2
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.tensors import layer_norm
@@ -129,3 +129,33 @@ def test_stage1_early_stop_runs_on_while_the_loss_still_falls():
     history = train_stage1(SlotRouter(16, RouterConfig(initial_slots=4)), x, y, cfg)
     assert len(history) > 4  # a separable problem keeps improving by more than 0.1 % an epoch for a while
     assert all(history[i + 1] < history[i] * (1 - 1e-3) for i in range(len(history) - 2))
+
+
+def test_class_anchors_are_routing_weighted_class_means_through_each_slot():
+    """Over two blocks, with a slot added between them, each (slot, class) point is γ_i·Σp_i LN(h)/Σp_i + β_i over
+    that class's samples of both blocks, for exactly the pairs with at least one sample's worth of routing mass."""
+    router = SlotRouter(16, RouterConfig(initial_slots=3, temperature=0.5), seed=1)
+    with torch.no_grad():
+        router.gamma.uniform_(0.5, 1.5)
+        router.beta.normal_()
+    anchors = ClassAnchors(16)
+    (x1, y1), (x2, y2) = separable(seed=2), separable(seed=3, offset=2, num_classes=3)
+    with torch.no_grad():
+        first = torch.cat([router.route(x1)[1], torch.zeros(len(y1), 1)], dim=1)  # the 4th slot comes later
+    anchors.add(router, x1, y1)
+    router.add_slot(torch.randn(16))
+    anchors.add(router, x2, y2)
+    x, y = torch.cat([x1, x2]), torch.cat([y1, y2])
+    with torch.no_grad():
+        probs = torch.cat([first, router.route(x2)[1]])
+        expected = []
+        for slot in range(router.num_slots):
+            for c in np.unique(y.numpy()):
+                p = probs[y == c, slot]
+                if p.sum() >= 1.0:
+                    mean = (p[:, None] * layer_norm(x[y == c])).sum(0) / p.sum()
+                    expected.append(router.gamma[slot] * mean + router.beta[slot])
+        points = anchors.points(router)
+    assert 4 < len(expected) < router.num_slots * 5  # some pairs are below the mass floor, several are above
+    np.testing.assert_allclose(points.numpy(), torch.stack(expected).numpy(), rtol=1e-4, atol=1e-5)
+
