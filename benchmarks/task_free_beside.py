@@ -4,7 +4,7 @@ per method: A_last of each (mean ± std over seeds), their difference, and Ā of
 
     python benchmarks/task_free_beside.py runs/boundary/bbc-text runs/task-free/bbc-text
 
-Methods that cannot run task-free are shown with the boundary run only.
+Methods missing from the task-free run (not run, or not task-free) show the boundary run only.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> None:
         other = free.get(method)
         gap = f"{100 * (float(other['a_last_mean']) - float(row['a_last_mean'])):+.2f}" if other else "–"
         print(f"| {method} | {row['role']} | {row['seeds']} | {points(row, 'a_last')} | "
-              f"{points(other, 'a_last') if other else '(needs boundaries)'} | {gap} | {points(row, 'a_mean')} | "
+              f"{points(other, 'a_last') if other else '(not in the task-free run)'} | {gap} | {points(row, 'a_mean')} | "
               f"{points(other, 'a_mean') if other else '–'} |")
 
 
