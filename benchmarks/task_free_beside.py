@@ -35,9 +35,10 @@ def main() -> None:
     for method, row in bounded.items():
         other = free.get(method)
         gap = f"{100 * (float(other['a_last_mean']) - float(row['a_last_mean'])):+.2f}" if other else "–"
-        print(f"| {method} | {row['role']} | {row['seeds']} | {points(row, 'a_last')} | "
-              f"{points(other, 'a_last') if other else '(not in the task-free run)'} | {gap} | {points(row, 'a_mean')} | "
-              f"{points(other, 'a_mean') if other else '–'} |")
+        free_last = points(other, "a_last") if other else "(not in the task-free run)"
+        free_mean = points(other, "a_mean") if other else "–"
+        print(f"| {method} | {row['role']} | {row['seeds']} | {points(row, 'a_last')} | {free_last} | {gap} | "
+              f"{points(row, 'a_mean')} | {free_mean} |")
 
 
 if __name__ == "__main__":
