@@ -21,10 +21,10 @@ its scale, so Rᵀh is an exact integer product and φ of a sample has the same 
 replica) it is computed in. With s = 16 the rounding error (≤ 2^-17 per coordinate) is far below any
 useful λ; the int64 sums hold about 2^62 / (2^2s · mean φ²) samples (10^9 for s = 16 and φ of order 1).
 
-λ is chosen per task from `lambda_grid` by closed-form leave-one-out (default) or a held-out split, on
-(a seeded subsample of) the current task only, by generalised cross-validation over everything summed, from
-the statistics alone, or by leave-one-out on a hash-chosen reservoir of the whole stream (`Reservoir`), the
-last two the same however the stream was cut; see `AnalyticHead.select_lambda`. On the reservoir the head can
+λ is chosen per task from `lambda_grid` by closed-form leave-one-out or a held-out split, on (a seeded
+subsample of) the current task only, by generalised cross-validation over everything summed, from the
+statistics alone, or (the default) by leave-one-out on a hash-chosen reservoir of the whole stream
+(`Reservoir`), the last two the same however the stream was cut; see `AnalyticHead.select_lambda`. On the reservoir the head can
 also blend in the nearest class mean (`mean_weight_grid`), and `half_life` makes the sums forget (a drifting
 stream), still by exact integer operations.
 
@@ -70,8 +70,8 @@ class AnalyticConfig:
     # solve); "holdout": hold out a split of the current task, its statistics subtracted exactly; "gcv": generalised
     # cross-validation over everything summed, from the statistics alone; "reservoir": closed-form leave-one-out
     # of a reservoir of `selection_samples` samples kept from the whole stream, chosen by a hash of each sample
-    # (`Reservoir`). "gcv" and "reservoir" give the same λ however the stream was cut into blocks [R]
-    # (default: the one accuracy-based rule that does not depend on the cutting; benchmarks/RESULTS.md) [R]
+    # (`Reservoir`). "gcv" and "reservoir" give the same λ however the stream was cut into blocks; "reservoir" is
+    # the default, the one accuracy-based rule among them (benchmarks/RESULTS.md) [R]
     lambda_selection: Literal["loo", "holdout", "gcv", "reservoir"] = "reservoir"
     # what the candidates are scored by on those samples: "accuracy" (error rate, ties broken by the squared error)
     # or "mse" (the squared error of the one-hot targets, PRESS under "loo") [R]
@@ -585,8 +585,8 @@ class AnalyticLearner:
     def fit_merged(self, statistics: dict[str, np.ndarray], features: torch.Tensor, labels: torch.Tensor,
                    memory: SlotRouter | None) -> dict[str, float]:
         """`fit` when the encoder replicas summed the statistics (this block included) and the MemoryManager merged
-        them: take the total, choose λ on the block and re-solve. The total stays with the MemoryManager, which
-        owns it; this learner keeps W only."""
+        them: take the total, choose λ on the block (or the reservoir) and re-solve. The total stays with the
+        MemoryManager, which owns it; this learner keeps W and the reservoir."""
         if memory is not None:
             raise ValueError("the encoders sum statistics of the frozen features; a head on a memory's h̃ cannot use "
                              "them")
