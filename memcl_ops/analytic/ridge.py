@@ -24,9 +24,9 @@ useful λ; the int64 sums hold about 2^62 / (2^2s · mean φ²) samples (10^9 fo
 λ is chosen per task from `lambda_grid` by closed-form leave-one-out or a held-out split, on (a seeded
 subsample of) the current task only, by generalised cross-validation over everything summed, from the
 statistics alone, or (the default) by leave-one-out on a hash-chosen reservoir of the whole stream
-(`Reservoir`), the last two the same however the stream was cut; see `AnalyticHead.select_lambda`. On the reservoir the head can
-also blend in the nearest class mean (`mean_weight_grid`), and `half_life` makes the sums forget (a drifting
-stream), still by exact integer operations.
+(`Reservoir`), the last two the same however the stream was cut; see `AnalyticHead.select_lambda`. The head
+can also blend in the nearest class mean (`mean_weight_grid`), and `half_life` makes the sums forget (a
+drifting stream), still by exact integer operations.
 
 MARS (`mars-analytic`): the head sits on h̃ of the slot memory, and stage 1 moves h̃ between tasks, so
 statistics summed earlier describe features the memory no longer produces. `AnalyticConfig.drift` says
