@@ -61,6 +61,12 @@ class StreamSource:
         self.stream.set_features(split, rows, features)
         self.info.feature_dim = int(features.shape[1])
 
+    def largest_batch_bytes(self, visit: int) -> int:
+        """The Arrow bytes of `visit`'s largest training batch as emitted (raw rows, or features once cached):
+        what sizes the compiled chain's channels (pipeline/compiled_chain.py)."""
+        return max((self.stream.train_batch(visit, i).nbytes for i in range(self.info.visit_batches[visit])),
+                   default=0)
+
     @ray.method(num_returns=2)
     def train_batch(self, visit: int | None, index: int | None) -> tuple[pa.RecordBatch | None, pa.Table]:
         """(rows that pass the gate, dead letters) of one training batch; (None, none) for `visit` None, the empty

@@ -12,6 +12,12 @@ The round's features stay with the actor that needs them: the MemoryManager keep
 and a method without a memory gets its features back at the driver, which puts them into the object store.
 An actor's death shuts a compiled graph down: the runner replays the round as after any fault, and the chain is
 compiled again over the revived actors (`close` then a new `CompiledChain`).
+
+Every channel is created large enough for the largest message up front. Ray 2.60 grows a channel when a message
+outgrows it, and a graph whose channel grew never finishes `teardown()`: its readers spin in `ReadAcquire` (seen
+with 1.3 MB batches of 1280-d features against Ray's 1 MB default). The channels Ray creates for actor-to-actor
+edges take their size from the creating process's `DAGContext`, not from `experimental_compile`'s argument, so
+the size is set in every actor of the graph and in the driver before compiling.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import ray
-from ray.dag import InputNode, MultiOutputNode
+from ray.dag import DAGContext, InputNode, MultiOutputNode
 
 Handle = ray.actor.ActorHandle
 
@@ -39,15 +45,33 @@ class ChainActors:
     reference_signal: bool = False  # the monitor also reads the frozen features (SGSE's reference signal)
 
 
+def size_channels(handles: Sequence[Handle], message_bytes: int) -> int:
+    """Make the channels of the next graph compiled over `handles` hold `message_bytes` (at least Ray's default);
+    returns the size set."""
+    size = max(message_bytes, DAGContext.get_current().buffer_size_bytes)
+    ray.get([h.__ray_call__.remote(_set_channel_bytes, size) for h in handles])
+    _set_channel_bytes(None, size)
+    return size
+
+
+def _set_channel_bytes(actor, size: int) -> None:
+    """Run in each process of a graph (in an actor via `__ray_call__`, which passes the actor instance first)."""
+    DAGContext.get_current().buffer_size_bytes = size
+
+
 class CompiledChain:
     """A compiled graph over `actors`; `stream` pushes one round's batches through it."""
 
-    def __init__(self, actors: ChainActors, max_in_flight: int, timeout_s: float):
-        """`max_in_flight`: batches in the chain at once, as on the classic path (rounded up to whole steps)."""
+    def __init__(self, actors: ChainActors, max_in_flight: int, timeout_s: float, message_bytes: int):
+        """`max_in_flight`: batches in the chain at once, as on the classic path (rounded up to whole steps);
+        `message_bytes`: a bound on the largest value one hop passes on (a batch, its features, its dead letters)."""
         self.actors, self.timeout_s = actors, timeout_s
         self.width = max(len(actors.encoders), 1)
         self.max_in_flight = -(-max_in_flight // self.width)  # in steps
-        self.dag = self._wire().experimental_compile(_max_inflight_executions=self.max_in_flight)
+        handles = [actors.source, *actors.encoders, *(h for h in (actors.memory, actors.monitor) if h is not None)]
+        self.channel_bytes = size_channels(handles, message_bytes)
+        self.dag = self._wire().experimental_compile(_max_inflight_executions=self.max_in_flight,
+                                                     _buffer_size_bytes=self.channel_bytes)
 
     def _wire(self) -> MultiOutputNode:
         a = self.actors

@@ -214,7 +214,14 @@ class FeaturePipeline:
             self.source, self.encoders.replicas if self.inline else (), self.memory if self.spec.memory else None,
             self.monitor, accumulate=self.merges,
             reference_signal=self.monitor is not None and self.method.sgse.signal == "reference"),
-            rt.max_in_flight, rt.compiled_timeout_s)
+            rt.max_in_flight, rt.compiled_timeout_s, self._message_bytes())
+
+    def _message_bytes(self) -> int:
+        """A bound on one hop's message: twice the larger of the first visit's largest emitted batch and a batch of
+        float32 features (rows of variable size, like text, may exceed the first visit's; twice leaves room)."""
+        emitted = ray.get(self.source.largest_batch_bytes.remote(0)) if self.info.visit_batches else 0
+        features = self.config.stream.batch_size * (4 * self.info.feature_dim + 64)  # + ids, label, task columns
+        return 2 * max(emitted, features)
 
     def stream_compiled(self, batches: RoundBatches, bar, on_batch: BatchHook | None
                         ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:

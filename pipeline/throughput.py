@@ -37,6 +37,7 @@ from memcl_ops.methods import MethodConfig, build_learner
 from memcl_ops.models.encoders import Encoder, EncoderSpec, build_encoder
 from pipeline import runner
 from pipeline.actor_cache import ActorCache
+from pipeline.compiled_chain import size_channels
 from pipeline.config import RuntimeConfig, load_config
 from pipeline.progress import InFlight, Progress
 
@@ -137,7 +138,8 @@ def ray_floor(batches: list[pa.RecordBatch], hops: int, in_flight: int) -> dict[
         node = relays[0].emit.bind(index)
         for relay in relays[1:]:
             node = relay.forward.bind(node)
-    dag = node.experimental_compile(_max_inflight_executions=in_flight)
+    size = size_channels(relays, 2 * max(b.nbytes for b in batches))
+    dag = node.experimental_compile(_max_inflight_executions=in_flight, _buffer_size_bytes=size)
     wait_s = RuntimeConfig().compiled_timeout_s
     ray.get(dag.execute(0), timeout=wait_s)  # the first execution sets the channels up
     pending = []

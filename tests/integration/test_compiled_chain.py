@@ -3,6 +3,8 @@ change: every wiring it builds (memory and monitor, reference signal, no memory,
 padded last step, statistics summed in the encoders, cached features) gives the classic path's run exactly, and
 the accounting of samples is the same (dead letters: tests/integration/test_bad_input.py draws both transports)."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -51,3 +53,24 @@ def test_compiled_chain_gives_the_classic_run(actors, tmp_path, case):
         assert classic["slots"]["history"][-1][1] > classic["slots"]["history"][0][1]
     assert compiled["samples"] == classic["samples"]
     assert compiled["memory_bytes"] == classic["memory_bytes"]
+
+
+def test_batches_larger_than_rays_default_channel_end_the_run(actors, tmp_path):
+    """Six feature batches of 1.3 MB a round, past the 1 MB Ray gives a channel: a channel that had to grow mid-run
+    never let the graph's teardown finish (the cached-features bench hung there; with one batch a round it did
+    not). The run ends, and gives the classic run."""
+    extra = {"data.dataset": "drift", "data.drift.visits": 3, "data.drift.tasks": 3, "data.drift.dim": 640,
+             "data.drift.train_per_visit": 3120, "data.drift.batch_size": 520, "data.drift.test_per_task": 20,
+             "data.drift.shifts": 0, "method.stage1.optim.epochs": 1, "method.stage2.optim.epochs": 1}
+    runs: dict[str, dict] = {}
+
+    def compiled_run():
+        runs["compiled"] = runner.run(config(tmp_path, "compiled", **extra), actors=actors).metrics
+
+    thread = threading.Thread(target=compiled_run, daemon=True)
+    thread.start()
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "the compiled run did not end within 300 s (its graph's teardown hung)"
+    classic = runner.run(config(tmp_path, "actors", **extra), actors=actors).metrics
+    np.testing.assert_array_equal(np.array(runs["compiled"]["acc_matrix"]), np.array(classic["acc_matrix"]))
+    assert runs["compiled"]["samples"] == classic["samples"]
