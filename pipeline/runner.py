@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
+from ray import exceptions as rex
 
 from actors.stream_source import StreamSource
 from memcl_ops import metrics as M
@@ -142,7 +143,13 @@ class Roles:
 
     def restore(self, parts: dict[str, checkpoint.State]) -> None:
         # a role with an empty state (the frozen LM) leaves no arrays in a checkpoint
-        ray.get([self.actors.handle(r).restore.remote(parts.get(r, {})) for r in self.names])
+        refs = [self.actors.handle(r).restore.remote(parts.get(r, {})) for r in self.names]
+        for role, ref in zip(self.names, refs):
+            try:
+                ray.get(ref)
+            except KeyError as err:  # an actor's RayTaskError is also an instance of its cause's class
+                cause = err.cause if isinstance(err, rex.RayTaskError) else err
+                raise KeyError(f"the {role} state lacks {cause.args[0] if cause.args else ''!r}") from None
 
     def revive(self) -> None:
         for role in self.names:
@@ -267,7 +274,11 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         if unknown or parts.keys() - set(pipe.roles.names):
             raise ConfigError(f"{path}: written by an older memcl (run state {sorted(unknown)}, roles "
                               f"{sorted(parts)}); it cannot be resumed, start a new run")
-        pipe.roles.restore(parts)
+        try:
+            pipe.roles.restore(parts)
+        except KeyError as err:
+            raise ConfigError(f"{path}: written by an older memcl ({err.args[0]}); it cannot be resumed, start a new "
+                              "run") from None
         state = RunState(**meta)
         log.info("resumed from %s at round %d", path, state.next_round)
     state.add_wall("setup", setup_seconds)

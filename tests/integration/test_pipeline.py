@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from memcl_ops import metrics as metrics_lib
-from pipeline import report, runner
-from pipeline.config import load_config
+from pipeline import checkpoint, report, runner
+from pipeline.config import ConfigError, load_config
 from tests.killing import kill_driver_at_checkpoint, memcl
 
 pytestmark = pytest.mark.ray
@@ -108,3 +108,16 @@ def test_task_free_has_a_row_per_evaluation_point_and_says_so(actors, tmp_path):
     assert metrics["task_free"] and "taskfree" in Path(metrics["run_dir"]).name
     assert "task-free" in report.summary_table(metrics) and np.nanmean(acc[-1]) > 1 / 8 + 0.3
     assert metrics["samples"]["learned"] == metrics["samples"]["unique_learned"] == metrics["samples"]["stream"]
+
+
+def test_a_checkpoint_without_a_state_key_is_refused_in_one_line(actors, tmp_path):
+    """A checkpoint of an older memcl (the analytic head before its reservoir) names the role and the missing key
+    in one line instead of an actor's traceback."""
+    done = runner.run(synthetic(tmp_path, **{"method.name": "analytic", "stream.tasks": 2}), actors=actors).metrics
+    run_dir = Path(done["run_dir"])
+    path = sorted((run_dir / "checkpoints").glob("ckpt-*.npz"))[-1]
+    parts, meta = checkpoint.read(path)
+    parts["stage2"] = {k: v for k, v in parts["stage2"].items() if "reservoir" not in k}
+    checkpoint.write(path.parent, int(path.stem.split("-")[1]), parts, meta)
+    with pytest.raises(ConfigError, match=r"older memcl \(the stage2 state lacks 'features'\)"):
+        runner.run(resume=run_dir, actors=actors)
