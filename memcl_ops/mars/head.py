@@ -24,12 +24,12 @@ class DistillHead:
         self.teacher: Teacher | None = None
         self.fits = 0
         # the (slot, class) anchor sums, when the anchor KD uses them and there is a memory to route through
-        self.class_anchors = (ClassAnchors(feature_dim) if config.anchor_points == "slot-class" and config.lambda_anchor
-                              else None)
+        anchored = bool(config.lambda_anchor or config.lambda_anchor_ce)
+        self.class_anchors = ClassAnchors(feature_dim) if config.anchor_points == "slot-class" and anchored else None
 
     @property
     def distills(self) -> bool:
-        return bool(self.config.lambda_lwf or self.config.lambda_anchor)
+        return bool(self.config.lambda_lwf or self.config.lambda_anchor or self.config.lambda_anchor_ce)
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
         if self.class_anchors is not None and memory is not None:

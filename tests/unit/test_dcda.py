@@ -3,6 +3,7 @@ import torch
 
 from memcl_ops.losses import smoothness_loss, supcon_loss
 from memcl_ops.mars.dcda import ClassAnchors, Stage1Config, Stage2Config, Teacher, train_stage1, train_stage2
+from memcl_ops.mars.head import DistillHead
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.tensors import layer_norm
@@ -148,14 +149,41 @@ def test_class_anchors_are_routing_weighted_class_means_through_each_slot():
     x, y = torch.cat([x1, x2]), torch.cat([y1, y2])
     with torch.no_grad():
         probs = torch.cat([first, router.route(x2)[1]])
-        expected = []
+        expected, expected_classes = [], []
         for slot in range(router.num_slots):
             for c in np.unique(y.numpy()):
                 p = probs[y == c, slot]
                 if p.sum() >= 1.0:
                     mean = (p[:, None] * layer_norm(x[y == c])).sum(0) / p.sum()
                     expected.append(router.gamma[slot] * mean + router.beta[slot])
-        points = anchors.points(router)
+                    expected_classes.append(c)
+        points, classes = anchors.points(router)
     assert 4 < len(expected) < router.num_slots * 5  # some pairs are below the mass floor, several are above
     np.testing.assert_allclose(points.numpy(), torch.stack(expected).numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(classes, expected_classes)
 
+
+
+def test_anchor_ce_keeps_old_classes_that_new_class_ce_alone_loses():
+    """Two tasks of two classes each through a 4-slot memory, stage 2 with neither LwF nor anchor KD: CE on the new
+    task alone loses much of the old classes (class-incremental), CE on the (slot, class) anchors keeps them, over
+    10 seeded problems, and the new task is learned either way."""
+    kept, lost, new = [], [], []
+    for seed in range(10):
+        (x1, y1), (x2, y2) = (separable(2, 60, seed=seed, spread=1.5),
+                              separable(2, 60, seed=seed + 100, offset=2, spread=1.5))
+        (t1, u1), (t2, u2) = (separable(2, 30, seed=seed, spread=1.5),  # the same centres, other samples
+                              separable(2, 30, seed=seed + 100, offset=2, spread=1.5))
+        router = SlotRouter(16, RouterConfig(initial_slots=4, temperature=0.5), seed=seed)
+        for weight, into in ((1.0, kept), (0.0, lost)):
+            config = Stage2Config(optim=OptimConfig(epochs=10), lambda_lwf=0.0, lambda_anchor=0.0,
+                                  lambda_anchor_ce=weight)
+            head = DistillHead(16, config, seed)
+            head.fit(x1, y1, router)
+            head.end_task(router)
+            head.fit(x2, y2, router)
+            into.append(float((head.predict(t1, router) == u1.numpy()).mean()))
+            new.append(float((head.predict(t2, router) == u2.numpy()).mean()))
+    assert np.median(kept) > 0.9 and np.median(kept) - np.median(lost) > 0.25, (kept, lost)
+    assert sum(k > f for k, f in zip(kept, lost)) >= 9
+    assert np.median(new) > 0.9
