@@ -61,11 +61,11 @@ class StreamSource:
         self.stream.set_features(split, rows, features)
         self.info.feature_dim = int(features.shape[1])
 
-    def largest_batch_bytes(self, visit: int) -> int:
-        """The Arrow bytes of `visit`'s largest training batch as emitted (raw rows, or features once cached):
-        what sizes the compiled chain's channels (pipeline/compiled_chain.py)."""
-        return max((self.stream.train_batch(visit, i).nbytes for i in range(self.info.visit_batches[visit])),
-                   default=0)
+    def largest_batch_bytes(self) -> int:
+        """The Arrow bytes of the stream's largest training batch as emitted (raw rows, or features once cached):
+        what sizes the compiled chain's channels (pipeline/compiled_chain.py). Reads every batch once."""
+        return max((self.stream.train_batch(v, i).nbytes for v, n in enumerate(self.info.visit_batches)
+                    for i in range(n)), default=0)
 
     @ray.method(num_returns=2)
     def train_batch(self, visit: int | None, index: int | None) -> tuple[pa.RecordBatch | None, pa.Table]:

@@ -152,7 +152,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     MethodSpec("joint", "joint training on all data seen so far (non-continual upper bound)", head="joint",
                uses_labels_of="seen", role="upper-bound"),
     # MARS ablations (the paper's Tab. ablations). No-Stage2 keeps the classifier (something must classify) but
-    # drops stage 2's distillation (LwF and anchor KD): the head is trained by CE alone on h̃.
+    # drops stage 2's distillation (LwF and the anchor terms): the head is trained by CE alone on h̃.
     MethodSpec("mars-no-sgse", "MARS with the initial slots only (no SGSE expansion)", head="distill", memory=True,
                stage1=True, role="ablation"),
     MethodSpec("mars-no-anchor", "MARS without the anchor terms (KD and CE) in stage 2", head="distill", memory=True,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import ray
 from ray.dag import DAGContext, InputNode, MultiOutputNode
+from ray.dag.context import DEFAULT_BUFFER_SIZE_BYTES
 
 Handle = ray.actor.ActorHandle
 
@@ -47,8 +48,8 @@ class ChainActors:
 
 def size_channels(handles: Sequence[Handle], message_bytes: int) -> int:
     """Make the channels of the next graph compiled over `handles` hold `message_bytes` (at least Ray's default);
-    returns the size set."""
-    size = max(message_bytes, DAGContext.get_current().buffer_size_bytes)
+    returns the size set. Each channel keeps one buffer of that size per execution in flight, in the object store."""
+    size = max(message_bytes, DEFAULT_BUFFER_SIZE_BYTES)
     ray.get([h.__ray_call__.remote(_set_channel_bytes, size) for h in handles])
     _set_channel_bytes(None, size)
     return size

@@ -47,7 +47,8 @@ class RuntimeConfig:
     object_store_mb: int = 512
     max_in_flight: int = 4  # batches in the pipeline at once (backpressure)
     # How a training batch moves along the features chain: one actor call per hop ("actors"), or a Ray Compiled
-    # Graph over the same actors ("compiled": shared-memory channels, pipeline/compiled_chain.py)
+    # Graph over the same actors ("compiled": shared-memory channels, pipeline/compiled_chain.py; each channel
+    # holds max_in_flight buffers of twice the stream's largest batch in the object store)
     transport: Literal["actors", "compiled"] = "actors"
     compiled_timeout_s: float = 300.0  # the longest wait for one compiled step before it counts as hung
     actor_threads: int = 2  # torch threads in the learner actors

@@ -86,6 +86,7 @@ class FeaturePipeline:
         names.append("stage2")
         self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else ())
         self.chain: CompiledChain | None = None
+        self.message_bytes: int | None = None
         self._prepare_encoders()
         self._compile()
 
@@ -217,11 +218,12 @@ class FeaturePipeline:
             rt.max_in_flight, rt.compiled_timeout_s, self._message_bytes())
 
     def _message_bytes(self) -> int:
-        """A bound on one hop's message: twice the larger of the first visit's largest emitted batch and a batch of
-        float32 features (rows of variable size, like text, may exceed the first visit's; twice leaves room)."""
-        emitted = ray.get(self.source.largest_batch_bytes.remote(0)) if self.info.visit_batches else 0
-        features = self.config.stream.batch_size * (4 * self.info.feature_dim + 64)  # + ids, label, task columns
-        return 2 * max(emitted, features)
+        """A bound on one hop's message, measured once per run: twice the larger of the stream's largest emitted
+        batch and a batch of float32 features (twice: a dead-letter table or a routing may add to a batch)."""
+        if self.message_bytes is None:
+            features = self.config.stream.batch_size * (4 * self.info.feature_dim + 64)  # + ids, label, task
+            self.message_bytes = 2 * max(ray.get(self.source.largest_batch_bytes.remote()), features)
+        return self.message_bytes
 
     def stream_compiled(self, batches: RoundBatches, bar, on_batch: BatchHook | None
                         ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:

@@ -143,13 +143,19 @@ class Roles:
 
     def restore(self, parts: dict[str, checkpoint.State]) -> None:
         # a role with an empty state (the frozen LM) leaves no arrays in a checkpoint
-        refs = [self.actors.handle(r).restore.remote(parts.get(r, {})) for r in self.names]
-        for role, ref in zip(self.names, refs):
+        ray.get([self.actors.handle(r).restore.remote(parts.get(r, {})) for r in self.names])
+
+    def resume(self, parts: dict[str, checkpoint.State], path: Path) -> None:
+        """`restore` from the checkpoint at `path`, role by role: a state that lacks a key the role reads was
+        written by an older memcl, and says so in one line."""
+        for role in self.names:
             try:
-                ray.get(ref)
+                ray.get(self.actors.handle(role).restore.remote(parts.get(role, {})))
             except KeyError as err:  # an actor's RayTaskError is also an instance of its cause's class
                 cause = err.cause if isinstance(err, rex.RayTaskError) else err
-                raise KeyError(f"the {role} state lacks {cause.args[0] if cause.args else ''!r}") from None
+                raise ConfigError(f"{path}: written by an older memcl (the {role} state lacks "
+                                  f"{cause.args[0] if cause.args else ''!r}); it cannot be resumed, start a new run"
+                                  ) from err
 
     def revive(self) -> None:
         for role in self.names:
@@ -274,11 +280,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         if unknown or parts.keys() - set(pipe.roles.names):
             raise ConfigError(f"{path}: written by an older memcl (run state {sorted(unknown)}, roles "
                               f"{sorted(parts)}); it cannot be resumed, start a new run")
-        try:
-            pipe.roles.restore(parts)
-        except KeyError as err:
-            raise ConfigError(f"{path}: written by an older memcl ({err.args[0]}); it cannot be resumed, start a new "
-                              "run") from None
+        pipe.roles.resume(parts, path)
         state = RunState(**meta)
         log.info("resumed from %s at round %d", path, state.next_round)
     state.add_wall("setup", setup_seconds)

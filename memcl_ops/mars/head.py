@@ -15,7 +15,7 @@ from memcl_ops.tensors import state_nbytes
 class DistillHead:
     """A growing linear head trained with CE + old-class distillation (DCDA stage 2, LwF, fine-tune).
 
-    With λ_LwF = λ_anchor = 0 it is plain sequential fine-tuning and keeps no teacher.
+    With λ_LwF = λ_anchor = λ_anchor_ce = 0 it is plain sequential fine-tuning and keeps no teacher.
     """
 
     def __init__(self, feature_dim: int, config: Stage2Config, seed: int):
@@ -23,7 +23,8 @@ class DistillHead:
         self.head = GrowingLinearHead(feature_dim)
         self.teacher: Teacher | None = None
         self.fits = 0
-        # the (slot, class) anchor sums, when the anchor KD uses them and there is a memory to route through
+        # the (slot, class) anchor sums, when the anchor terms (KD, CE) use them and there is a memory to route
+        # through
         anchored = bool(config.lambda_anchor or config.lambda_anchor_ce)
         self.class_anchors = ClassAnchors(feature_dim) if config.anchor_points == "slot-class" and anchored else None
 

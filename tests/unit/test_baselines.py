@@ -23,7 +23,8 @@ from memcl_ops.training import OptimConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FINETUNE = Stage2Config(optim=OptimConfig(epochs=5, batch_size=32, lr=1e-2), lambda_lwf=0.0, lambda_anchor=0.0)
+FINETUNE = Stage2Config(optim=OptimConfig(epochs=5, batch_size=32, lr=1e-2), lambda_lwf=0.0, lambda_anchor=0.0,
+                        lambda_anchor_ce=0.0)
 
 
 def two_tasks(seed: int, dim: int = 12, per_class: int = 40):
