@@ -2,7 +2,7 @@
 tests/integration/test_methods_pipeline.py (4 tasks of 2 synthetic classes, 5 stage-2 epochs, 4 slots; seed 0):
 the plasticity the anchor CE costs where a task gets few epochs.
 
-    python benchmarks/anchor_ce_short_stream.py            # mars and mars-reference at weights 0, 0.3, 1
+    python -m benchmarks.anchor_ce_short_stream     # from the repository root: mars and mars-reference at 0, 0.3, 1
 """
 
 from __future__ import annotations
