@@ -208,8 +208,9 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
             lwf_logits = old_head(apply_memory(teacher_router, features))
             anchors = torch.as_tensor(teacher.anchors)
             anchor_logits = torch.as_tensor(teacher.anchor_logits)
-            labelled = torch.from_numpy(teacher.anchor_labels >= 0)
-            anchor_targets = head.columns(torch.as_tensor(teacher.anchor_labels[teacher.anchor_labels >= 0]))
+            has_class = teacher.anchor_labels >= 0
+            labelled = torch.from_numpy(has_class)
+            anchor_targets = head.columns(torch.from_numpy(teacher.anchor_labels[has_class]))
     T = config.temperature
     anchor_kd = old_class_kd_full if config.anchor_scope == "all" else old_class_kd
 

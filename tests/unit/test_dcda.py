@@ -163,7 +163,6 @@ def test_class_anchors_are_routing_weighted_class_means_through_each_slot():
     np.testing.assert_array_equal(classes, expected_classes)
 
 
-
 def test_anchor_ce_keeps_old_classes_that_new_class_ce_alone_loses():
     """Two tasks of two classes each through a 4-slot memory, stage 2 with neither LwF nor anchor KD: CE on the new
     task alone loses much of the old classes (class-incremental), CE on the (slot, class) anchors keeps them, over
