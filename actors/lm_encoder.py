@@ -15,7 +15,8 @@ import torch
 from actors.clock import StageClock
 from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.schema import with_predictions
-from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig, extract_directions
+from memcl_ops.miita.answers import adaptation, copy_answers, memory_from_state
+from memcl_ops.miita.directions import AdaptConfig, MemoryConfig, extract_directions
 from memcl_ops.models.causal_lm import LMSpec, load_lm
 
 
@@ -51,14 +52,20 @@ class LMEncoder:
                  memory: MemoryConfig | None = None, adapt: AdaptConfig | None = None,
                  demonstrations: list[list[tuple[str, str]]] | None = None) -> pa.RecordBatch:
         """The pairs with `prediction` and `answer_nll` columns: greedy answers of the frozen LM (and the NLL of the
-        reference answer), adapted by `prototypes` (a DirectionMemory state) when given, after per-row
-        `demonstrations` when given."""
+        reference answer), adapted by `prototypes` (a MIITA memory's state) when given, after per-row
+        `demonstrations` when given. With `adapt.rule` "copy" the answer is the nearest prototype's stored tokens
+        (no decoding, no NLL)."""
         with self.clock.time("generate"):
             prompts, answers = S.text_pairs(pairs)
             adapter = None
             if prototypes is not None:
-                adapter = Adaptation(DirectionMemory.from_state(prototypes, memory or MemoryConfig()), self.lm.weight,
-                                     adapt or AdaptConfig())
+                adapt = adapt or AdaptConfig()
+                stored = memory_from_state(prototypes, self.lm.hidden_size, self.lm.vocab_size,
+                                           memory or MemoryConfig())
+                adapter = adaptation(stored, self.lm.weight, adapt)
+                if adapt.rule == "copy":
+                    texts = copy_answers(self.lm, adapter, prompts)
+                    return with_predictions(pairs, texts, torch.full((len(prompts),), torch.nan))
             out = self.lm.generate(prompts, max_new_tokens, adapter, demonstrations, answers)
             return with_predictions(pairs, out.texts, out.answer_nll)
 

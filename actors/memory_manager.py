@@ -26,7 +26,8 @@ from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, add_
 from memcl_ops.mars.router import RouterConfig
 from memcl_ops.mars.sgse import Expansion
 from memcl_ops.mars.slots import SlotMemory
-from memcl_ops.miita.directions import DirectionMemory, MemoryConfig, write_directions
+from memcl_ops.miita.answers import build_memory
+from memcl_ops.miita.directions import MemoryConfig
 from memcl_ops.nsr.adapter import ArrivalPlan, Snapshot, plan_arrival
 from memcl_ops.nsr.task_bank import BankConfig, BankEntry, TaskKnowledgeBank
 from memcl_ops.tensors import prefixed, state_part
@@ -40,6 +41,7 @@ class Stores:
     max_slots: int = 0  # the slot cap (SGSE's max_slots)
     bank: BankConfig | None = None
     prototypes: MemoryConfig | None = None  # with key_dim = hidden size of the LM
+    vocab: int = 0  # the LM's vocabulary size (position-aware prototypes store answer token ids)
     replay: ReplayConfig | None = None
 
 
@@ -53,7 +55,8 @@ class MemoryManager:
         self.slots = SlotMemory(dim, stores.slots, stores.max_slots, seed) if stores.slots is not None else None
         self.statistics: RidgeStatistics | None = None  # created from the first merged partial
         self.bank = TaskKnowledgeBank(stores.bank) if stores.bank is not None else None
-        self.prototypes = DirectionMemory(dim, dim, stores.prototypes) if stores.prototypes is not None else None
+        self.prototypes = (build_memory(dim, stores.vocab, stores.prototypes) if stores.prototypes is not None
+                           else None)
         self.replay = TextReplayBuffer(dim, stores.replay) if stores.replay is not None else None
         self.learned: list[np.ndarray] = []  # sample ids written into the LM stores, for exactly-once accounting
         self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # the round's features (`keep`)
@@ -134,7 +137,7 @@ class MemoryManager:
         """MIITA WRITE (with repair) of every (key, direction) row, in stream order."""
         with self.clock.time("prototypes"):
             self.learned.append(S.sample_ids_to_numpy(extracted))
-            return write_directions(self.prototypes, extracted)
+            return self.prototypes.write_batch(extracted)
 
     def prototype_state(self) -> dict[str, np.ndarray]:
         return self.prototypes.state()

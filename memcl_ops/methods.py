@@ -25,7 +25,7 @@ from memcl_ops.mars.dcda import Stage1Config, Stage2Config
 from memcl_ops.mars.head import DistillHead
 from memcl_ops.mars.router import RouterConfig
 from memcl_ops.mars.sgse import SGSEConfig
-from memcl_ops.miita.directions import AdaptConfig, MemoryConfig
+from memcl_ops.miita.directions import PAPER_ADAPT, PAPER_MEMORY, AdaptConfig, MemoryConfig
 from memcl_ops.nsr.adapter import NSRConfig
 from memcl_ops.training import OptimConfig
 
@@ -67,6 +67,7 @@ TAGS = {
     "generative": "answers text prompts with a causal LM (memcl lm) instead of predicting class labels",
     "byte-budget": "its memory is capped by a byte budget set per run (memcl lm --budgets)",
     "learns-nothing": "keeps no state (the frozen base): restore and byte checks are vacuous",
+    "direction-memory": "keeps MIITA's prototype memory (memcl_ops/miita/): written from teacher-forced extractions",
 }
 FAMILIES = ("features", "nsr", "lm")  # what runs where: a pipeline per family (pipeline/features.py, nsr.py, lm.py)
 
@@ -110,6 +111,11 @@ class MethodSpec:
         """`config` with this method's defining settings applied (they win over user values)."""
         sections = {name: replace(getattr(config, name), **values) for name, values in self.fixed.items()}
         return replace(config, name=self.name, **sections)
+
+    def resolve_lm(self, config: LMMethodConfig) -> LMMethodConfig:
+        """The same for the "lm" family's config (it has no method name)."""
+        return replace(config, **{name: replace(getattr(config, name), **values)
+                                  for name, values in self.fixed.items()})
 
 
 @dataclass(frozen=True)
@@ -180,8 +186,18 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     # A frozen causal LM on (prompt, answer) tasks (`memcl lm`, memcl_ops/miita/ and memcl_ops/baselines/).
     MethodSpec("base", "the frozen causal LM, no memory", family="lm", tags=frozenset({"generative", "learns-nothing"}),
                role="baseline"),
-    MethodSpec("miita", "MIITA: direction prototypes + gated temporary pre-LM-head update", family="lm",
-               tags=frozenset({"generative", "byte-budget"})),
+    MethodSpec("miita", "MIITA, position-aware: answer-position prototypes on centred compact keys, the smallest "
+               "pre-LM-head step that flips each position to the memory's token", family="lm",
+               tags=frozenset({"generative", "byte-budget", "direction-memory"})),
+    # MIITA as the paper writes it: one correction averaged over the answer, fp16 raw-key anchors merged at 0.9,
+    # K = 3 by relevance + uncertainty, the gated relative step (benchmarks/RESULTS.md, "MIITA, position-aware")
+    MethodSpec("miita-paper", "MIITA as written: averaged direction prototypes + gated temporary update", family="lm",
+               tags=frozenset({"generative", "byte-budget", "direction-memory"}),
+               fixed={"memory": PAPER_MEMORY, "adapt": PAPER_ADAPT}),
+    MethodSpec("nearest-answer", "the stored answer of the nearest key in MIITA's memory, copied (no LM decoding; "
+               "the retrieval's ceiling)", family="lm", tags=frozenset({"generative", "byte-budget",
+                                                                          "direction-memory"}),
+               fixed={"adapt": {"rule": "copy"}}, role="baseline"),
     MethodSpec("replay", "text replay: stored examples, nearest by key, as demonstrations in the prompt (UTF-8 "
                "budget)", family="lm", tags=frozenset({"generative", "byte-budget"}), role="baseline"),
     MethodSpec("lora", "sequential LoRA fine-tuning of q/v projections, no memory (forgetting reference)",
@@ -226,7 +242,7 @@ def build_learner(name: str, config: MethodConfig | LMMethodConfig, seed: int = 
         from memcl_ops.nsr.learner import NSRLearner
 
         return NSRLearner(spec, config, seed=seed, **context)
-    if name == "miita":
+    if "direction-memory" in spec.tags:
         from memcl_ops.miita.learner import MIITALearner
 
         return MIITALearner(spec, config, seed=seed, **context)

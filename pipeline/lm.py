@@ -39,7 +39,7 @@ from actors.lm_trainer import LMTrainer
 from actors.memory_manager import MemoryManager, Stores
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
-from memcl_ops.data.lm_tasks import LMStreamSpec, TextTask, build_stream, exact_match
+from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import LMMethodConfig, family_methods, lm_method
 from memcl_ops.miita.directions import MemoryConfig
@@ -164,22 +164,24 @@ class LMPipeline:
         self.ctx, self.spec = ctx, spec
         self.info = ctx.info
         cfg, rt = ctx.config, ctx.config.runtime
+        self.method = lm_method(spec.method).resolve_lm(cfg.method)  # with the settings the method fixes
+        self.prototypes = "direction-memory" in lm_method(spec.method).tags
         options = {"num_cpus": 0, "max_restarts": rt.max_restarts}
         names = ["lm_encoder"]
-        if spec.method in ("miita", "replay"):  # the budget caps the one store each keeps
-            stores = (Stores(prototypes=self.memory_config) if spec.method == "miita"
-                      else Stores(replay=replace(cfg.method.replay, budget_bytes=spec.budget)))
+        if self.prototypes or spec.method == "replay":  # the budget caps the one store each keeps
+            stores = (Stores(prototypes=self.memory_config, vocab=ctx.model["vocab"]) if self.prototypes
+                      else Stores(replay=replace(self.method.replay, budget_bytes=spec.budget)))
             ctx.actors.get("memory", MemoryManager, options, ctx.model["hidden"], stores, cfg.seed, 1)
             names.append("memory")
         if spec.method == "lora":
-            ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, cfg.method.finetune, cfg.seed, rt.threads)
+            ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, self.method.finetune, cfg.seed, rt.threads)
             names.append("lm_trainer")
         self.roles = runner.Roles(ctx.actors, names)
         self.task_free = False  # one round per task
 
     @property
     def memory_config(self) -> MemoryConfig:
-        return replace(self.ctx.config.method.memory, budget_bytes=self.spec.budget)
+        return replace(self.method.memory, budget_bytes=self.spec.budget)
 
     def plan(self) -> list[runner.RoundBatches]:
         return runner.plan_rounds(self.info, task_free=False, every=0)
@@ -200,14 +202,14 @@ class LMPipeline:
         calls = []
         for i, pairs in enumerate(ctx.train[task]):
             extracted = ctx.extraction(task, i)
-            calls.append(memory.write_prototypes.remote(extracted) if method == "miita"
+            calls.append(memory.write_prototypes.remote(extracted) if self.prototypes
                          else memory.write_replay.remote(pairs, extracted))
             if on_batch is not None:
                 on_batch(task, i)
             in_flight.add(calls[-1])
         in_flight.drain()
         outcomes = ray.get(calls)
-        if method == "miita":
+        if self.prototypes:
             return {k: sum(o[k] for o in outcomes) for k in outcomes[0]}
         return {"stored": outcomes[-1]}
 
@@ -217,9 +219,9 @@ class LMPipeline:
         tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.test[task]
         if method == "lora":
             return [self.roles.handle("lm_trainer").generate.remote(b, tokens) for b in batches]
-        if method == "miita":
+        if self.prototypes:
             state = self.roles.handle("memory").prototype_state.remote()
-            return [ctx.encoder.generate.remote(b, tokens, state, self.memory_config, ctx.config.method.adapt)
+            return [ctx.encoder.generate.remote(b, tokens, state, self.memory_config, self.method.adapt)
                     for b in batches]
         if method == "replay":
             if task not in ctx.query_keys:
@@ -247,7 +249,7 @@ class LMPipeline:
             else:
                 answers = bars.wait(self.answer(j), f"{self.spec.name}: answer {ctx.tasks[j].name}", "batch",
                                     leave=False)
-                accuracy[j], nll[j], rows = score(answers)
+                accuracy[j], nll[j], rows = score(answers, ctx.tasks[j])
                 if self.spec.method == "base":
                     ctx.base_answers[j] = accuracy[j], nll[j], rows
             predictions += [{"run": self.spec.name, "after_task": task, "task": j, **r} for r in rows]
@@ -264,7 +266,7 @@ class LMPipeline:
         self.roles.restore(parts)
 
     def memory_report(self) -> dict[str, int]:
-        if self.spec.method in ("miita", "replay"):
+        if self.prototypes or self.spec.method == "replay":
             return ray.get(self.roles.handle("memory").memory_report.remote())
         if self.spec.method == "lora":
             return ray.get(self.roles.handle("lm_trainer").memory_bytes.remote())
@@ -297,18 +299,23 @@ class LMPipeline:
                         for e in state.round_log]}
 
 
-def score(predictions: list[pa.RecordBatch]) -> tuple[float, float, list[dict]]:
-    """Exact-match accuracy and mean answer NLL of prediction batches, and one record per answer."""
+def score(predictions: list[pa.RecordBatch], task: TextTask) -> tuple[float, float, list[dict]]:
+    """The task's headline score (exact match or ROUGE-L, memcl_ops/data/lm_tasks.py) and mean answer NLL of
+    prediction batches, and one record per answer with every score."""
+    pairs = {p.prompt: p for p in task.test}
     rows = []
     for batch in predictions:
         columns = (S.sample_ids_to_numpy(batch).tolist(), *(batch.column(c).to_pylist()
                                                              for c in (S.TEXT, S.ANSWER, S.PREDICTION, S.ANSWER_NLL)))
         for sid, prompt, answer, pred, nll in zip(*columns):
+            scores = answer_scores(pred, pairs.get(prompt, TextPair(prompt, answer)), task.answers)
             rows.append({"sample_id": sid, "prompt": prompt, "answer": answer, "prediction": pred,
-                         "correct": exact_match(pred, answer), "answer_nll": nll})
+                         "correct": bool(scores["exact"]), **scores, "answer_nll": nll})
     if not rows:
         return float("nan"), float("nan"), rows
-    return float(np.mean([r["correct"] for r in rows])), float(np.mean([r["answer_nll"] for r in rows])), rows
+    headline = "rouge_l" if task.metric == "rouge-l" else "exact"
+    nll = [r["answer_nll"] for r in rows if np.isfinite(r["answer_nll"])]  # a copying baseline scores no NLL
+    return float(np.mean([r[headline] for r in rows])), float(np.mean(nll)) if nll else float("nan"), rows
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ ANSWER = "answer"  # target text of a supervised (prompt = `text`, answer) pair
 KEY = "key"
 DIRECTION = "direction"
 CORRECTION_NORM = "correction_norm"
+ANSWER_TOKENS = "answer_tokens"  # list<int32>: an answer's token ids, end-of-answer token last
 
 _META_STREAM = b"stream"
 _META_ENCODER = b"encoder"
@@ -157,20 +158,27 @@ def text_pairs(batch: pa.RecordBatch) -> tuple[list[str], list[str]]:
 
 
 def direction_batch(sample_ids: np.ndarray, keys: np.ndarray, directions: np.ndarray, norms: np.ndarray,
-                    task_ids: np.ndarray | None = None, *, stream: str = "", encoder: str = "") -> pa.RecordBatch:
-    """MIITA's write-side batch: per pair its semantic key, its correction R_m and ‖R_m‖."""
+                    task_ids: np.ndarray | None = None, *, stream: str = "", encoder: str = "",
+                    answer_tokens: list[list[int]] | None = None) -> pa.RecordBatch:
+    """MIITA's write-side batch: per pair its semantic key, its correction R_m and ‖R_m‖, and (when given) its
+    answer's token ids."""
     keys = np.ascontiguousarray(keys, dtype=np.float32)
     directions = np.ascontiguousarray(directions, dtype=np.float32)
     if keys.ndim != 2 or directions.ndim != 2 or len(keys) != len(directions):
         raise ValueError(f"keys {keys.shape} and directions {directions.shape} must be 2-D with the same rows")
     n = len(keys)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(np.asarray(sample_ids, dtype=np.int64)), _nullable_int32(task_ids, n), pa.nulls(n, pa.int32()),
-         matrix_to_arrow(keys), matrix_to_arrow(directions), pa.array(np.asarray(norms, dtype=np.float32))],
-        schema=pa.schema([*_ID_FIELDS, pa.field(KEY, pa.list_(pa.float32(), keys.shape[1]), nullable=False),
-                          pa.field(DIRECTION, pa.list_(pa.float32(), directions.shape[1]), nullable=False),
-                          pa.field(CORRECTION_NORM, pa.float32(), nullable=False)],
-                         metadata=_metadata(stream=stream, encoder=encoder, feature_dim=keys.shape[1])))
+    arrays = [pa.array(np.asarray(sample_ids, dtype=np.int64)), _nullable_int32(task_ids, n), pa.nulls(n, pa.int32()),
+              matrix_to_arrow(keys), matrix_to_arrow(directions), pa.array(np.asarray(norms, dtype=np.float32))]
+    fields = [*_ID_FIELDS, pa.field(KEY, pa.list_(pa.float32(), keys.shape[1]), nullable=False),
+              pa.field(DIRECTION, pa.list_(pa.float32(), directions.shape[1]), nullable=False),
+              pa.field(CORRECTION_NORM, pa.float32(), nullable=False)]
+    if answer_tokens is not None:
+        if len(answer_tokens) != n:
+            raise ValueError(f"{len(answer_tokens)} answer token lists for {n} rows")
+        arrays.append(pa.array(answer_tokens, type=pa.list_(pa.int32())))
+        fields.append(pa.field(ANSWER_TOKENS, pa.list_(pa.int32()), nullable=False))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(
+        fields, metadata=_metadata(stream=stream, encoder=encoder, feature_dim=keys.shape[1])))
 
 
 def _nullable_int32(values: np.ndarray | pa.Array | None, n: int) -> pa.Array:

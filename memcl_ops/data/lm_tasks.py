@@ -16,7 +16,7 @@ whitespace, quotes and trailing punctuation ignored).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +42,8 @@ LETTER_WORDS = ("cab", "disc", "bread", "stove", "chef", "frog", "peach", "taxi"
 @dataclass(frozen=True)
 class TextPair:
     prompt: str
-    answer: str
+    answer: str  # what is learned
+    references: tuple[str, ...] = ()  # every acceptable answer when scoring (empty: `answer` alone)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,9 @@ class TextTask:
     name: str
     train: tuple[TextPair, ...]
     test: tuple[TextPair, ...]
-    answers: tuple[str, ...]  # the answer set (what a guesser chooses from)
+    answers: tuple[str, ...]  # the answer set (what a guesser chooses from; empty for free text)
     max_answer_tokens: int = 4  # generation length for this task (answers are short)
+    metric: str = "exact"  # the task's headline score: "exact" (match) or "rouge-l" (free text)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class LMStreamSpec:
     test_per_task: int = 16
     max_words: int = 30  # real texts are cut to their first words (prompt length, and so compute, stays small)
     seed: int = 0  # draws the examples and the word-code map
+    superni_dir: str = ""  # SuperNI task files for "superni:<task>" names ("": the subsample in memcl_ops/data/superni)
 
 
 def normalise(text: str) -> str:
@@ -71,6 +74,43 @@ def normalise(text: str) -> str:
 
 def exact_match(prediction: str, answer: str) -> bool:
     return normalise(prediction) == normalise(answer)
+
+
+def words(text: str) -> list[str]:
+    """The normalised text's words, punctuation dropped."""
+    return re.findall(r"[\w']+", normalise(text))
+
+
+def first_word_match(prediction: str, answer: str) -> bool:
+    """The first word of each, normalised, agrees (a label followed by an explanation still counts)."""
+    first = [words(t)[:1] for t in (prediction, answer)]
+    return bool(first[1]) and first[0] == first[1]
+
+
+_ROUGE = None
+
+
+def rouge_l(prediction: str, references: Sequence[str]) -> float:
+    """ROUGE-L F-measure against the best reference (Google's rouge-score, no stemming)."""
+    global _ROUGE
+    if _ROUGE is None:
+        from rouge_score import rouge_scorer
+
+        _ROUGE = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+    return max(_ROUGE.score(ref, prediction)["rougeL"].fmeasure for ref in references)
+
+
+def answer_scores(prediction: str, pair: TextPair, answers: Sequence[str]) -> dict[str, float]:
+    """Every score of one answer: exact match and first word (best over the references), ROUGE-L, and the
+    label-restricted match (the first answer of the task's set named in the prediction; no set: exact)."""
+    refs = pair.references or (pair.answer,)
+    said = words(prediction)
+    named = [a for a in answers if normalise(a) and normalise(a) in said]
+    restricted = (normalise(named[0]) in {normalise(r) for r in refs}) if answers and named else (
+        any(exact_match(prediction, r) for r in refs) if not answers else False)
+    return {"exact": float(any(exact_match(prediction, r) for r in refs)),
+            "first_word": float(any(first_word_match(prediction, r) for r in refs)),
+            "rouge_l": rouge_l(prediction, refs), "label_restricted": float(restricted)}
 
 
 def _first_words(text: str, n: int) -> str:
@@ -185,11 +225,17 @@ BUILDERS: dict[str, Callable[[LMStreamSpec, np.random.Generator], TextTask]] = {
 
 
 def build_stream(spec: LMStreamSpec) -> list[TextTask]:
-    """The tasks of `spec`, in order, each drawn with its own seeded generator (independent of the order)."""
-    unknown = [t for t in spec.tasks if t not in BUILDERS]
+    """The tasks of `spec`, in order, each drawn with its own seeded generator (independent of the order). A name
+    "superni:<task>" is a SuperNI task file under `spec.superni_dir` (memcl_ops/data/superni.py), all its instances."""
+    from memcl_ops.data import superni
+
+    root = Path(spec.superni_dir) if spec.superni_dir else superni.SUPERNI_DIR
+    unknown = [t for t in spec.tasks if t not in BUILDERS and not t.startswith("superni:")]
     if unknown:
         raise ValueError(f"unknown LM task(s) {unknown}; known: {sorted(BUILDERS)}")
     if spec.train_per_task < 1 or spec.test_per_task < 1:
         raise ValueError(f"train_per_task ({spec.train_per_task}) and test_per_task ({spec.test_per_task}) "
                          "must be >= 1")
-    return [BUILDERS[name](spec, np.random.default_rng([spec.seed, list(BUILDERS).index(name)])) for name in spec.tasks]
+    return [superni.load_task(name.removeprefix("superni:"), root) if name.startswith("superni:")
+            else BUILDERS[name](spec, np.random.default_rng([spec.seed, list(BUILDERS).index(name)]))
+            for name in spec.tasks]

@@ -46,15 +46,26 @@ class MemoryConfig:
 
     budget_bytes: int = 256 * 1024  # C_mem; the paper reports robustness across budgets, values unknown
     eps: float = 1e-8  # ε of Norm(·)
+    # answer positions kept per prototype, the end-of-answer token included (memcl_ops/miita/answers.py); 0: the
+    # paper's memory, one correction averaged over the answer (this module; `miita-paper`)
+    positions: int = 8
+    centre_keys: bool = True  # position-aware: cosines on keys minus their running mean (the template dominates raw keys)
+    anchor_code: Literal["sign", "int8", "float16"] = "sign"  # position-aware: H/8, H or 2H bytes per anchor
     min_correction_norm: float = 0.0  # ρ_min: skip writes whose ‖R_m‖ is below it (0: off)
     direction_merge: float = 0.8  # τ_d: merge into the nearest prototype when cos(d_m, d_j) ≥ τ_d
-    new_anchor: float = 0.9  # τ_a: add the key as an anchor when no anchor of the prototype is this close
-    storage_dtype: Literal["float16", "float32"] = "float16"  # b_d = b_k = 2 bytes at fp16
+    # τ_a: add the key as an anchor when no anchor of the prototype is this close (the paper's 0.9 is on raw keys,
+    # where any two prompts are that close; on centred keys 0.99 keeps one anchor per distinct prompt)
+    new_anchor: float = 0.99
+    storage_dtype: Literal["float16", "float32"] = "float16"  # the paper's memory: b_d = b_k = 2 bytes at fp16
     prototype_merge_cost: float = 2.0  # λ_p: prototype merges cost λ_p·(1 − cos), so anchor merges go first
 
     def __post_init__(self) -> None:
         if self.storage_dtype not in STORAGE_DTYPES:
             raise ValueError(f"storage_dtype {self.storage_dtype!r} is not one of {sorted(STORAGE_DTYPES)}")
+        if self.anchor_code not in ("sign", "int8", "float16"):
+            raise ValueError(f"anchor_code {self.anchor_code!r} is not one of sign, int8, float16")
+        if not 0 <= self.positions <= 255:
+            raise ValueError(f"positions must be in 0..255 (0: the paper's averaged memory), got {self.positions}")
         if self.budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {self.budget_bytes}")
         for name in ("direction_merge", "new_anchor"):
@@ -66,9 +77,16 @@ class MemoryConfig:
 class AdaptConfig:
     """Retrieval, aggregation, gate and step size at inference; [R] (docs/methods.md, "MIITA")."""
 
-    candidates: int = 8  # K_s: prototypes kept per query by anchor relevance
-    top_k: int = 3  # K: prototypes aggregated per decoding step
-    uncertainty_weight: float = 0.5  # λ_u in s_j = r_j + λ_u·cos(u_t, d_j)
+    # "flip": the smallest step that makes the memory's token the argmax (position-aware memory only); "relative":
+    # the paper's h + η·g·‖h‖·Δ
+    rule: Literal["flip", "relative", "copy"] = "flip"  # "copy": answer with the stored tokens (nearest-answer)
+    flip_margin: float = 0.1  # flip: the step is (1 + margin) times the smallest flipping one
+    max_step: float = 1.0  # flip: no step longer than this times ‖h‖ (beyond it the model keeps its own token)
+    flip_iterations: int = 8  # flip: re-linearised steps before giving up (the model then keeps its token)
+    min_relevance: float = -1.0  # position-aware: prototypes below this centred-key cosine do not vote (-1: all vote)
+    candidates: int = 8  # K_s: prototypes kept per query by anchor relevance (the paper's memory)
+    top_k: int = 1  # K: prototypes aggregated per decoding step (the paper's K = 3 averages other answers in)
+    uncertainty_weight: float = 0.5  # λ_u in s_j = r_j + λ_u·cos(u_t, d_j) (the paper's memory)
     temperature: float = 0.05  # τ_w of the aggregation softmax
     entropy_slope: float = 10.0  # κ_H
     entropy_threshold: float = 0.15  # θ_H, on the entropy normalised by log V
@@ -81,6 +99,14 @@ class AdaptConfig:
             raise ValueError(f"candidates ({self.candidates}) and top_k ({self.top_k}) must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if self.rule not in ("flip", "relative", "copy"):
+            raise ValueError(f"rule {self.rule!r} is not one of flip, relative, copy")
+
+
+# The paper's memory and read rule (`miita-paper`): one averaged correction, raw fp16 keys merged at τ_a = 0.9,
+# K = 3 by relevance plus uncertainty, the gated relative step.
+PAPER_MEMORY = {"positions": 0, "centre_keys": False, "anchor_code": "float16", "new_anchor": 0.9}
+PAPER_ADAPT = {"rule": "relative", "top_k": 3, "uncertainty_weight": 0.5}
 
 
 @dataclass(frozen=True)
@@ -188,6 +214,17 @@ class DirectionMemory:
             action = "merged"
         repairs = self._repair()
         return WriteResult(action, j, added, repairs)
+
+    def write_batch(self, extracted: pa.RecordBatch) -> dict[str, int]:
+        """WRITE every row of a key/direction batch, in stream order; returns what the writes did."""
+        keys = torch.from_numpy(S.column_matrix(extracted, S.KEY).copy())
+        corrections = torch.from_numpy(S.column_matrix(extracted, S.DIRECTION).copy())
+        outcome = {"new": 0, "merged": 0, "skipped": 0, "repairs": 0}
+        for k, r in zip(keys, corrections):
+            result = self.write(k, r)
+            outcome[result.action] += 1
+            outcome["repairs"] += result.repairs
+        return outcome
 
     def _checked(self, v: torch.Tensor, dim: int, name: str) -> torch.Tensor:
         v = torch.as_tensor(v).float().reshape(-1)
@@ -350,7 +387,8 @@ class StepUpdate:
         return (torch.sigmoid(cfg.entropy_slope * (normalised - cfg.entropy_threshold))
                 * torch.sigmoid(cfg.relevance_slope * (max_relevance - cfg.relevance_threshold)))
 
-    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, position: int) -> torch.Tensor:
+        del position  # the paper's update is the same at every step
         if self.candidates.shape[1] == 0:  # empty memory: nothing to add
             self.last_gate = torch.zeros(len(hidden), device=hidden.device)
             return hidden
@@ -361,22 +399,13 @@ class StepUpdate:
         return hidden + (scale.unsqueeze(-1) * delta).to(hidden.dtype)
 
 
-def write_directions(memory: DirectionMemory, extracted: pa.RecordBatch) -> dict[str, int]:
-    """WRITE every row of a key/direction batch, in stream order; returns what the writes did."""
-    keys = torch.from_numpy(S.column_matrix(extracted, S.KEY).copy())
-    corrections = torch.from_numpy(S.column_matrix(extracted, S.DIRECTION).copy())
-    outcome = {"new": 0, "merged": 0, "skipped": 0, "repairs": 0}
-    for k, r in zip(keys, corrections):
-        result = memory.write(k, r)
-        outcome[result.action] += 1
-        outcome["repairs"] += result.repairs
-    return outcome
-
-
 def extract_directions(lm: CausalLM, pairs: pa.RecordBatch) -> pa.RecordBatch:
-    """Teacher-forced (k_m, R_m, ‖R_m‖) of every pair of a text-pair batch, no autograd."""
+    """Teacher-forced (k_m, R_m, ‖R_m‖) of every pair of a text-pair batch, no autograd, with each answer's token
+    ids and the end-of-answer token (what the position-aware memory keeps)."""
     prompts, answers = S.text_pairs(pairs)
     out = lm.teacher_forced(prompts, answers)
     keys, corrections = out.keys.cpu(), out.corrections.cpu()  # Arrow holds host memory
+    tokens = [lm.answer_ids(a) + [lm.answer_end_id] for a in answers]
     return S.direction_batch(S.sample_ids_to_numpy(pairs), keys.numpy(), corrections.numpy(),
-                             corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID), encoder=lm.spec.name)
+                             corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID), encoder=lm.spec.name,
+                             answer_tokens=tokens)

@@ -173,9 +173,9 @@ def tiny_causal_lm(arch: str, seed: int = 0, hidden: int = 32, layers: int = 2) 
 
 
 class HiddenAdapter(Protocol):
-    """Edits the pre-LM-head state of one decoding step: (h, base logits) -> h̃, both (B, H) / (B, V)."""
+    """Edits the pre-LM-head state of one decoding step: (h, base logits, answer position t) -> h̃, (B, H) / (B, V)."""
 
-    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, position: int) -> torch.Tensor: ...
 
 
 AdapterFactory = Callable[[torch.Tensor], HiddenAdapter]  # query keys (B, H) -> the adapter for that batch
@@ -231,6 +231,10 @@ class CausalLM:
             raise ValueError("the tokenizer has neither a pad nor an eos token")
         self.pad_id = int(pad)
         self.stop_ids = {int(i) for i in (tokenizer.eos_token_id, *self._special_stops()) if i is not None}
+        # the token that ends an answer as the model writes it: the chat turn's end, else end of sequence
+        turn_end = [i for i in self._special_stops()[:1] if self.chat]
+        self.answer_end_id = int(turn_end[0] if turn_end else (tokenizer.eos_token_id if tokenizer.eos_token_id
+                                                                  is not None else self.pad_id))
 
     @property
     def weight(self) -> torch.Tensor:
@@ -401,7 +405,7 @@ class CausalLM:
         for t in range(max_new_tokens):
             logits = self.head(hidden)
             if step is not None:
-                logits = self.head(step(hidden, logits))
+                logits = self.head(step(hidden, logits, t))
             token = logits.argmax(dim=-1).masked_fill(done, self.pad_id)
             generated = torch.cat([generated, token.unsqueeze(1)], dim=1)
             done |= torch.isin(token, stops)
@@ -441,7 +445,7 @@ class CausalLM:
         for t in range(targets.shape[1]):
             logits = self.head(states[:, t])
             if step is not None:
-                logits = self.head(step(states[:, t], logits))
+                logits = self.head(step(states[:, t], logits, t))
             token_nll = -F.log_softmax(logits, dim=-1).gather(1, targets[:, t:t + 1]).squeeze(1)
             total += torch.where(valid[:, t].bool(), token_nll, 0.0)
         return total / valid.sum(dim=1)

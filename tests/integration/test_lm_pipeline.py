@@ -21,7 +21,7 @@ pytestmark = pytest.mark.ray
 ALWAYS_ON = {"entropy_threshold": -1.0, "relevance_threshold": -1.0}  # gate fully open: any step shows
 
 
-def config(step: float, methods=("base", "replay", "miita", "lora"), budgets=(512,), out="runs"):
+def config(step: float, methods=("base", "replay", "miita", "miita-paper", "lora"), budgets=(256,), out="runs"):
     return LMRunConfig(
         model=LMSpec(name="tiny:llama", threads=1), methods=methods, budgets=budgets,
         stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3),
@@ -44,7 +44,7 @@ def predictions(metrics) -> dict[str, dict]:
 
 def test_run_folder_holds_every_run_side_by_side(zero_step):
     runs = zero_step["runs"]
-    assert list(runs) == ["base", "replay@512B", "miita@512B", "lora"]
+    assert list(runs) == ["base", "replay@256B", "miita@256B", "miita-paper@256B", "lora"]
     for name, r in runs.items():
         acc = np.array(r["acc_matrix"])
         assert acc.shape == (3, 3) and np.isnan(acc[np.triu_indices(3, 1)]).all(), name
@@ -52,7 +52,7 @@ def test_run_folder_holds_every_run_side_by_side(zero_step):
         bwt = (acc[2, 0] - acc[0, 0] + acc[2, 1] - acc[1, 1]) / 2
         assert r["op"] == pytest.approx(acc[-1].mean()) and r["bwt"] == pytest.approx(bwt)
     folder = zero_step["run_dir"]
-    for name in ("results.csv", "op_bwt.png", "miita_512B_acc_matrix.png", "lora_acc_matrix.csv", "config.yaml"):
+    for name in ("results.csv", "op_bwt.png", "miita_256B_acc_matrix.png", "lora_acc_matrix.csv", "config.yaml"):
         assert Path(folder, name).exists(), name
 
 
@@ -62,23 +62,35 @@ def test_memory_methods_stay_within_their_budget_after_every_task(zero_step):
             continue
         used = [sum(entry["memory_bytes"].values()) for entry in r["log"]]
         assert all(0 < u <= r["budget_bytes"] for u in used), (name, used)
-    miita = zero_step["runs"]["miita@512B"]["log"]
-    assert sum(entry["learned"]["new"] + entry["learned"]["merged"] for entry in miita) == 18  # every pair written
-    assert sum(entry["learned"]["repairs"] for entry in miita) > 0  # and the budget made repair work
+    for run_name in ("miita@256B", "miita-paper@256B"):
+        miita = zero_step["runs"][run_name]["log"]
+        assert sum(entry["learned"]["new"] + entry["learned"]["merged"] for entry in miita) == 18  # every pair written
+    # the paper's fp16 prototypes outgrow 256 bytes, so repair worked (the position-aware repair: test_miita_answers)
+    assert sum(entry["learned"]["repairs"] for entry in zero_step["runs"]["miita-paper@256B"]["log"]) > 0
 
 
-def test_zero_step_miita_answers_exactly_like_the_base_model(zero_step):
+def test_zero_step_paper_miita_answers_exactly_like_the_base_model(zero_step):
     preds = predictions(zero_step)
     base = {sample: text for (_, sample), text in preds["base"].items()}  # the frozen base answers each task once
-    assert len(preds["miita@512B"]) == 3 + 6 + 9  # after task i, the test pairs of tasks 0..i
-    assert all(text == base[sample] for (_, sample), text in preds["miita@512B"].items())
+    assert len(preds["miita-paper@256B"]) == 3 + 6 + 9  # after task i, the test pairs of tasks 0..i
+    assert all(text == base[sample] for (_, sample), text in preds["miita-paper@256B"].items())
     runs = zero_step["runs"]
-    assert runs["miita@512B"]["final_answer_nll"] == runs["base"]["final_answer_nll"]  # the very same logits
+    assert runs["miita-paper@256B"]["final_answer_nll"] == runs["base"]["final_answer_nll"]  # the very same logits
 
 
 def test_a_real_step_changes_the_answers(actors, tmp_path, zero_step):
-    strong = run(config(3.0, methods=("miita",)), run_dir=tmp_path, actors=actors).metrics
-    assert predictions(strong)["miita@512B"] != predictions(zero_step)["miita@512B"]
+    strong = run(config(3.0, methods=("miita-paper",)), run_dir=tmp_path, actors=actors).metrics
+    assert predictions(strong)["miita-paper@256B"] != predictions(zero_step)["miita-paper@256B"]
+
+
+def test_position_aware_miita_writes_the_nearest_stored_answer(actors, tmp_path):
+    """Through the actors, the flip step makes the model write what its memory retrieved: MIITA's answers are the
+    nearest-answer baseline's (same memory, same retrieval, answers copied without decoding)."""
+    cfg = config(0.0, methods=("miita", "nearest-answer"), budgets=(4096,))
+    cfg = replace(cfg, method=LMMethodConfig(adapt=AdaptConfig(max_step=100.0, flip_iterations=32)))
+    preds = predictions(run(cfg, run_dir=tmp_path, actors=actors).metrics)
+    same = [text == preds["nearest-answer@4KiB"][key] for key, text in preds["miita@4KiB"].items()]
+    assert len(same) == 18 and np.mean(same) >= 0.8, same
 
 
 def test_new_and_final_evaluation_gives_the_same_op_and_bwt(actors, tmp_path, zero_step):
@@ -115,7 +127,7 @@ def assert_same_runs(metrics: dict, reference: dict) -> None:
 KILL_POINTS = np.random.default_rng(21).integers(0, [3, 2], size=(3, 2)).tolist()  # (task, batch)
 
 
-@pytest.mark.parametrize("role, method, point", [("lm_encoder", "miita", 0), ("memory", "miita", 1),
+@pytest.mark.parametrize("role, method, point", [("lm_encoder", "miita", 0), ("memory", "miita-paper", 1),
                                                  ("lm_trainer", "lora", 2)])
 def test_actor_killed_mid_task_gives_the_uninterrupted_run(actors, tmp_path, zero_step, role, method, point):
     task, index = KILL_POINTS[point]
@@ -128,7 +140,7 @@ def test_actor_killed_mid_task_gives_the_uninterrupted_run(actors, tmp_path, zer
 def test_killed_driver_resumes_to_the_uninterrupted_runs(actors, tmp_path, zero_step):
     dump_config(config(0.0, out=tmp_path), tmp_path / "lm.yaml")
     run_dir = kill_driver_at_checkpoint(["lm", "--config", str(tmp_path / "lm.yaml")], tmp_path,
-                                        "runs/miita_512B/checkpoints/ckpt-000000.sha256")
+                                        "runs/miita_256B/checkpoints/ckpt-000000.sha256")
     assert_same_runs(run(resume=run_dir, actors=actors).metrics, zero_step)
 
 

@@ -118,8 +118,8 @@ class Recorder:
     def __call__(self, keys):
         step = self.factory(keys)
 
-        def recorded(hidden, logits):
-            edited = step(hidden, logits)
+        def recorded(hidden, logits, position):
+            edited = step(hidden, logits, position)
             self.pairs.append((hidden.clone(), edited.clone()))
             return edited
         return recorded

@@ -103,3 +103,51 @@ def test_direction_batches_carry_keys_and_corrections():
     S.validate(batch)
     with pytest.raises(ValueError, match="same rows"):
         S.direction_batch(np.arange(3), keys, dirs[:2], np.ones(2))
+
+
+def test_rouge_l_matches_hand_computed_values():
+    from memcl_ops.data.lm_tasks import rouge_l
+
+    # LCS("the cat on the mat", "the cat sat on the mat") = 5 words: P = 5/5, R = 5/6, F = 2PR/(P+R) = 10/11
+    assert rouge_l("the cat on the mat", ["the cat sat on the mat"]) == pytest.approx(10 / 11)
+    # LCS = 2 ("a c") of 3 and 4 words: F = 2·(2/3)(2/4)/((2/3)+(2/4)) = 4/7; the best reference counts
+    assert rouge_l("a b c", ["a x c y", "zzz"]) == pytest.approx(4 / 7)
+    assert rouge_l("nothing shared", ["other words"]) == 0.0
+
+
+def test_answer_scores_name_exact_first_word_and_label_restricted():
+    from memcl_ops.data.lm_tasks import TextPair, answer_scores
+
+    pair = TextPair("q", "POS", ("POS",))
+    assert answer_scores("POS", pair, ("NEG", "POS")) == {"exact": 1.0, "first_word": 1.0, "rouge_l": 1.0,
+                                                         "label_restricted": 1.0}
+    wordy = answer_scores("pos, because it is lovely", pair, ("NEG", "POS"))
+    assert (wordy["exact"], wordy["first_word"], wordy["label_restricted"]) == (0.0, 1.0, 1.0)
+    assert answer_scores("I think NEG", pair, ("NEG", "POS"))["label_restricted"] == 0.0
+
+
+def test_superni_loader_reads_the_shipped_subsample():
+    from memcl_ops.data import superni
+    from memcl_ops.data.lm_tasks import LMStreamSpec, build_stream
+
+    present = superni.available()
+    assert len(present) == 10 and present[0] == "task1572_samsum_summary"  # order A, five tasks not shipped
+    tasks = build_stream(LMStreamSpec(tasks=tuple(f"superni:{t}" for t in present)))
+    for task in tasks:
+        assert len(task.train) >= 13 and abs(len(task.train) - len(task.test)) <= 1
+        assert not {p.prompt for p in task.train} & {p.prompt for p in task.test}
+        assert all(p.prompt.endswith("Output:") and p.answer == p.references[0] for p in task.train)
+    sst2 = tasks[present.index("task363_sst2_polarity_classification")]
+    assert sst2.metric == "exact" and sst2.answers == ("NEG", "POS")
+    assert tasks[0].metric == "rouge-l" and tasks[0].max_answer_tokens > 4
+
+
+def test_superni_loader_names_a_missing_task_and_a_corrupt_file(tmp_path):
+    from memcl_ops.data import superni
+    from memcl_ops.data.datasets import DatasetUnavailable
+
+    with pytest.raises(DatasetUnavailable, match="task1290_xsum_summarization.*is not in"):
+        superni.load_task("task1290_xsum_summarization")
+    (tmp_path / "task875_emotion_classification.json").write_text("{not json")
+    with pytest.raises(DatasetUnavailable, match="is not a SuperNI task file"):
+        superni.load_task("task875_emotion_classification", tmp_path)

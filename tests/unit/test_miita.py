@@ -198,7 +198,7 @@ def test_step_moves_along_the_relevant_prototype_when_uncertain_and_relevant():
     step = Adaptation(memory, weight, config)(eye[5].unsqueeze(0))  # relevant to prototype 1 only
     h = torch.randn(1, 8)
     flat_logits = torch.zeros(1, 20)  # maximal entropy: the entropy gate is open
-    edited = step(h, flat_logits)
+    edited = step(h, flat_logits, 0)
     delta = (edited - h) / (config.step * h.norm())
     gate = float(step.last_gate)
     assert gate > 0.99
@@ -207,11 +207,11 @@ def test_step_moves_along_the_relevant_prototype_when_uncertain_and_relevant():
     # a confident prediction closes the entropy gate, an irrelevant query closes the relevance gate
     peaked = torch.zeros(1, 20)
     peaked[0, 3] = 30.0
-    step(h, peaked)  # entropy ≈ 0: the entropy factor bottoms out at σ(−κ_H·θ_H) = σ(−1.5)
+    step(h, peaked, 0)  # entropy ≈ 0: the entropy factor bottoms out at σ(−κ_H·θ_H) = σ(−1.5)
     assert float(step.last_gate) == pytest.approx(float(torch.sigmoid(torch.tensor(-1.5)) * torch.sigmoid(
         torch.tensor(20 * (1 - 0.5)))), rel=1e-5)
     far = Adaptation(memory, weight, config)(eye[3].unsqueeze(0))  # no anchor near: r = 0 < θ_r
-    far(h, flat_logits)
+    far(h, flat_logits, 0)
     assert float(far.last_gate) < 1e-4
 
 
@@ -220,7 +220,7 @@ def test_disagreeing_neighbours_shrink_the_correction():
     key = torch.tensor([1.0, 0, 0, 0])
     memory.write(key, torch.tensor([0, 1.0, 0, 0]))
     memory.write(key, torch.tensor([0, -1.0, 0, 0]))  # same relevance, opposite directions
-    step = Adaptation(memory, torch.randn(10, 4), AdaptConfig(uncertainty_weight=0.0))(key.unsqueeze(0))
+    step = Adaptation(memory, torch.randn(10, 4), AdaptConfig(uncertainty_weight=0.0, top_k=3))(key.unsqueeze(0))
     delta, _ = step.correction(torch.zeros(1, 10))
     assert float(delta.norm()) < 1e-6
 
@@ -229,4 +229,4 @@ def test_empty_memory_leaves_the_state_unchanged():
     memory = DirectionMemory(4, 4)
     step = Adaptation(memory, torch.randn(10, 4))(torch.randn(2, 4))
     h = torch.randn(2, 4)
-    assert torch.equal(step(h, torch.zeros(2, 10)), h)
+    assert torch.equal(step(h, torch.zeros(2, 10), 0), h)

@@ -1,0 +1,157 @@
+"""MIITA's position-aware memory (memcl_ops/miita/answers.py): the flip step against a brute-force search on a tiny
+LM, decoding that reproduces stored answers and stops, compact anchors within their stated error, bytes that equal
+the stored arrays, centred keys, and repair that keeps every answer it can afford."""
+
+import numpy as np
+import pytest
+import torch
+
+from memcl_ops.miita.answers import (AnswerMemory, AnswerSteering, anchor_width, answer_prototype_bytes,
+                                     centre_bytes, decode_anchor, encode_anchor, flip_step)
+from memcl_ops.miita.directions import AdaptConfig, MemoryConfig
+from memcl_ops.models.causal_lm import LMSpec, load_lm
+from memcl_ops.tensors import array_bytes, normalize
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_lm(LMSpec(name="tiny:llama-tied", micro_batch=4))
+
+
+def test_flip_step_is_the_smallest_flipping_step_of_a_brute_force_scan(lm):
+    """On the tiny LM's real final states: along d = Norm(W[y] − Wᵀp), the closed-form step (margin 0) is where a
+    fine scan of α first makes y the argmax, whenever the scan finds one."""
+    w = lm.weight.float()
+    prompts = ["the cat sat on", "2 + 2 =", "hello there", "x y z", "a b", "one two three four"]
+    hidden = torch.stack([lm.backbone(input_ids=torch.tensor([lm.prompt_ids(p)])).last_hidden_state[0, -1]
+                          for p in prompts]).detach()
+    rng = np.random.default_rng(0)
+    checked = 0
+    for trial in range(60):
+        h = hidden[trial % len(hidden)].unsqueeze(0)
+        logits = h @ w.T
+        target = torch.tensor([int(rng.integers(0, lm.vocab_size))])
+        d = normalize(w[target] - torch.softmax(logits, 1) @ w)
+        alpha = float(flip_step(logits, d @ w.T, target, margin=0.0))
+        grid = torch.linspace(0, 4 * float(h.norm()), 20001)
+        wins = ((logits + grid[:, None] * (d @ w.T)).argmax(1) == target).nonzero()
+        if not len(wins):
+            continue
+        first = float(grid[wins[0, 0]])
+        lower = float(grid[max(wins[0, 0] - 1, 0)])
+        if float(logits.argmax()) == float(target):
+            assert alpha == 0.0
+        else:
+            assert lower - 1e-4 <= alpha <= first + 1e-4
+        checked += 1
+    assert checked >= 30
+
+
+def test_a_step_is_zero_where_the_model_already_writes_the_token(lm):
+    prompts = ["the cat sat on", "2 + 2 ="]
+    h = torch.stack([lm.backbone(input_ids=torch.tensor([lm.prompt_ids(p)])).last_hidden_state[0, -1]
+                     for p in prompts]).detach()
+    logits = lm.head(h)
+    memory = AnswerMemory(lm.hidden_size, lm.vocab_size, MemoryConfig(budget_bytes=64 * 1024, positions=4))
+    keys = lm.query_keys(prompts)
+    for k, token in zip(keys, logits.argmax(1)):  # the memory asks for what the model writes anyway
+        memory.write(k, np.array([int(token), lm.answer_end_id]))
+    step = AnswerSteering(memory, lm.weight, AdaptConfig())(keys)
+    assert torch.equal(step(h, logits, 0), h)
+
+
+def test_decoding_with_the_memory_writes_each_stored_answer_and_stops(lm):
+    prompts = ["the cat sat on", "2 + 2 =", "name a colour", "x y z", "first letter of b", "ten minus one"]
+    answers = [" mat", " 4", " teal blue", " w", " b", " nine"]
+    memory = AnswerMemory(lm.hidden_size, lm.vocab_size, MemoryConfig(budget_bytes=64 * 1024, positions=16,
+                                                                         anchor_code="float16"))
+    for k, a in zip(lm.query_keys(prompts), answers):
+        memory.write(k, np.array(lm.answer_ids(a) + [lm.answer_end_id]))
+    config = AdaptConfig(max_step=100.0, flip_iterations=32)
+    base = lm.generate(prompts, 12)
+    adapted = lm.generate(prompts, 12, AnswerSteering(memory, lm.weight, config))
+    assert all(t.strip() != a.strip() for t, a in zip(base.texts, answers))  # the random model knows none
+    written = [row == lm.answer_ids(a) + [lm.answer_end_id] for row, a in zip(adapted.tokens, answers)]
+    assert sum(written) >= 5, (adapted.texts, answers)
+    # the same steps teacher-forced: the reference answers become far more likely
+    nll_base = lm.generate(prompts, 1, answers=answers).answer_nll
+    nll = lm.generate(prompts, 1, AnswerSteering(memory, lm.weight, config), answers=answers).answer_nll
+    assert bool((nll < nll_base).all())
+
+
+@pytest.mark.parametrize(("code", "floor"), [("float16", 0.9999), ("int8", 0.999), ("sign", 0.75)])
+def test_compact_anchors_round_trip_within_their_stated_error(code, floor):
+    """float16 and int8 keep cosine >= 0.9999 / 0.999; sign bits of a Gaussian direction keep
+    E[cos] = sqrt(2/π) ≈ 0.80 (min over 200 vectors >= 0.75)."""
+    hidden = 576
+    v = normalize(torch.randn(200, hidden, generator=torch.Generator().manual_seed(1)))
+    codes = encode_anchor(v, code)
+    assert codes.nbytes == 200 * anchor_width(hidden, code)
+    cos = (decode_anchor(codes, hidden, code) * v).sum(1)
+    assert float(cos.min()) >= floor
+    if code == "sign":
+        assert abs(float(cos.mean()) - np.sqrt(2 / np.pi)) < 0.01
+
+
+def clustered_keys(rng: np.random.Generator, n: int, clusters: int, hidden: int, template: float = 20.0
+                   ) -> tuple[torch.Tensor, np.ndarray]:
+    """Unit keys dominated by a shared template (raw cosines ≈ 0.997, as SmolLM2's) with a small per-cluster part."""
+    common = rng.normal(size=hidden)
+    centres = rng.normal(size=(clusters, hidden))
+    labels = rng.integers(0, clusters, n)
+    keys = template * common + centres[labels] + 0.5 * rng.normal(size=(n, hidden))
+    return normalize(torch.tensor(keys, dtype=torch.float32)), labels
+
+
+@pytest.mark.parametrize("code", ["sign", "int8"])
+def test_bytes_equal_the_stored_arrays_and_the_budget_holds_after_every_write(code):
+    rng = np.random.default_rng(2)
+    hidden, vocab = 64, 1000
+    config = MemoryConfig(budget_bytes=900, positions=4, anchor_code=code)
+    memory = AnswerMemory(hidden, vocab, config)
+    keys, labels = clustered_keys(rng, 80, 6, hidden)
+    for k, c in zip(keys, labels):
+        memory.write(k, np.array([10 + int(c), 999][: 1 + int(c) % 2]))
+        assert memory.nbytes() <= config.budget_bytes
+        assert memory.nbytes() == array_bytes(memory.state())
+    restored = AnswerMemory.from_state(memory.state(), hidden, vocab, config)
+    assert restored.nbytes() == memory.nbytes() and len(restored) == len(memory)
+    steer, back = AnswerSteering(memory, torch.randn(vocab, hidden), AdaptConfig()), AnswerSteering(
+        restored, torch.randn(vocab, hidden), AdaptConfig())
+    assert steer.nearest_answers(keys) == back.nearest_answers(keys)
+
+
+def test_centred_keys_make_sign_anchors_retrieve_over_seeded_trials():
+    """Raw keys share a dominant template: their sign bits mostly agree, so sign anchors of raw keys lose most of
+    what tells prompts apart; centred, they find the right answer for held-out keys."""
+    hidden, vocab, clusters = 128, 100, 5
+    accuracy = {True: [], False: []}
+    for seed in range(10):
+        for centre in (True, False):
+            rng = np.random.default_rng(seed)
+            keys, labels = clustered_keys(rng, 140, clusters, hidden)
+            memory = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=64 * 1024, positions=2, centre_keys=centre))
+            for k, c in zip(keys[:100], labels[:100]):
+                memory.write(k, np.array([int(c), 99]))
+            got = AnswerSteering(memory, torch.randn(vocab, hidden), AdaptConfig()).nearest_answers(keys[100:])
+            accuracy[centre].append(np.mean([g[0] == c for g, c in zip(got, labels[100:])]))
+    gain = np.array(accuracy[True]) - np.array(accuracy[False])
+    assert np.median(accuracy[True]) > 0.9
+    assert (gain > 0).sum() >= 8 and np.median(gain) >= 0.05
+
+
+def test_repair_keeps_every_answer_it_can_afford():
+    """Over budget, anchors of one answer merge before two answers do: with room for six one-anchor prototypes,
+    six well-separated answers all survive 120 writes."""
+    rng = np.random.default_rng(3)
+    hidden, vocab = 64, 100
+    one = answer_prototype_bytes(hidden, 2, 1, "sign")
+    budget = centre_bytes(hidden) + 6 * one + anchor_width(hidden, "sign") - 1  # no room for a seventh anchor
+    memory = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=budget, positions=2))
+    keys, labels = clustered_keys(rng, 120, 6, hidden)
+    for k, c in zip(keys, labels):
+        memory.write(k, np.array([int(c), 99]))
+    assert sorted(int(a[0]) for a in memory.answers) == list(range(6))
+    assert memory.repairs > 0 and memory.num_anchors == 6
