@@ -50,11 +50,12 @@ class LMEncoder:
 
     def generate(self, pairs: pa.RecordBatch, max_new_tokens: int, prototypes: dict[str, np.ndarray] | None = None,
                  memory: MemoryConfig | None = None, adapt: AdaptConfig | None = None,
-                 demonstrations: list[list[tuple[str, str]]] | None = None) -> pa.RecordBatch:
+                 demonstrations: list[list[tuple[str, str]]] | None = None, query_keys: np.ndarray | None = None
+                 ) -> pa.RecordBatch:
         """The pairs with `prediction` and `answer_nll` columns: greedy answers of the frozen LM (and the NLL of the
         reference answer), adapted by `prototypes` (a MIITA memory's state) when given, after per-row
-        `demonstrations` when given. With `adapt.rule` "copy" the answer is the nearest prototype's stored tokens
-        (no decoding, no NLL)."""
+        `demonstrations` when given (`query_keys`: the prompts' own keys, for the memory's retrieval). With
+        `adapt.rule` "copy" the answer is the nearest prototype's stored tokens (no decoding, no NLL)."""
         with self.clock.time("generate"):
             prompts, answers = S.text_pairs(pairs)
             adapter = None
@@ -65,9 +66,11 @@ class LMEncoder:
                 adapter = adaptation(stored, self.lm.weight, adapt)
                 if adapt.rule == "copy":
                     texts = copy_answers(self.lm, adapter, prompts)
-                    return with_predictions(pairs, texts, torch.full((len(prompts),), torch.nan))
-            out = self.lm.generate(prompts, max_new_tokens, adapter, demonstrations, answers)
-            return with_predictions(pairs, out.texts, out.answer_nll)
+                    return with_predictions(pairs, texts, torch.full((len(prompts),), torch.nan),
+                                            [len(self.lm.prompt_ids(p)) for p in prompts])
+            keys = torch.from_numpy(np.array(query_keys)) if query_keys is not None else None
+            out = self.lm.generate(prompts, max_new_tokens, adapter, demonstrations, answers, keys)
+            return with_predictions(pairs, out.texts, out.answer_nll, out.prompt_tokens)
 
     def state(self) -> dict[str, np.ndarray]:
         return {}  # frozen: nothing to checkpoint

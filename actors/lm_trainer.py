@@ -47,7 +47,7 @@ class LMTrainer:
         with self.clock.time("generate"):
             prompts, answers = S.text_pairs(pairs)
             out = self.lm.generate(prompts, max_new_tokens, answers=answers)
-            return with_predictions(pairs, out.texts, out.answer_nll)
+            return with_predictions(pairs, out.texts, out.answer_nll, out.prompt_tokens)
 
     def memory_bytes(self) -> dict[str, int]:
         """The adapter is trained state, not memory of past data; reported for completeness."""

@@ -148,6 +148,15 @@ class MemoryManager:
             self.learned.append(S.sample_ids_to_numpy(pairs))
             return len(self.replay)
 
+    def write_both(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch, above_nll: float) -> dict[str, int]:
+        """`miita-replay`: every row as a prototype, the rows the frozen model finds hard also as demonstrations."""
+        with self.clock.time("prototypes"):
+            outcome = self.prototypes.write_batch(extracted)
+        with self.clock.time("replay"):
+            add_examples(self.replay, pairs, extracted, above_nll)
+        self.learned.append(S.sample_ids_to_numpy(pairs))
+        return {**outcome, "stored": len(self.replay)}
+
     def demonstrations(self, query_keys: np.ndarray) -> list[list[tuple[str, str]]]:
         """The stored examples nearest to each query key (text replay in the prompt)."""
         with self.clock.time("replay"):

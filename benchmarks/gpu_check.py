@@ -56,7 +56,9 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.learner import Round
 from memcl_ops.mars.dcda import Stage1Config, Stage2Config
 from memcl_ops.methods import MethodConfig, build_learner
-from memcl_ops.miita.directions import Adaptation, DirectionMemory, MemoryConfig, extract_directions, write_directions
+from memcl_ops.miita.answers import adaptation as miita_adaptation
+from memcl_ops.miita.answers import build_memory
+from memcl_ops.miita.directions import AdaptConfig, MemoryConfig, extract_directions
 from memcl_ops.models.causal_lm import SMOLLM2, CausalLM, LMSpec, LMUnavailable, byte_tokenizer, load_lm
 from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.nsr.adapter import NSRConfig
@@ -294,16 +296,16 @@ def decode_rows(sizes: Sizes, device: str) -> list[Row]:
     prompts = [f"Item {i}: which shelf does the {['red', 'blue', 'green'][i % 3]} box {i} go on?"
                for i in range(sizes.prompts)]
     answers = [f"shelf {i % 4}" for i in range(sizes.prompts)]
-    memory = DirectionMemory(lm.hidden_size, lm.hidden_size, MemoryConfig(budget_bytes=64 * 1024))
+    memory = build_memory(lm.hidden_size, lm.vocab_size, MemoryConfig(budget_bytes=64 * 1024))
     pairs = S.text_pair_batch(np.arange(len(prompts)), prompts, answers, np.zeros(len(prompts), np.int64))
-    write_directions(memory, extract_directions(lm, pairs))
-    adaptation = Adaptation(memory, lm.weight)
+    memory.write_batch(extract_directions(lm, pairs))
+    adaptation = miita_adaptation(memory, lm.weight, AdaptConfig())
     plain_nll = lm.generate(prompts, 1, answers=answers).answer_nll
     adapted_nll = lm.generate(prompts, 1, adaptation, answers=answers).answer_nll
     shift = float((adapted_nll - plain_nll).abs().max())
     rows = []
     for variant, adapter in (("plain", None), ("MIITA adapted", adaptation)):
-        def run(adapter: Adaptation | None = adapter) -> float:
+        def run(adapter: object = adapter) -> float:
             return sum(len(t) for t in lm.generate(prompts, sizes.new_tokens, adapter).tokens)
 
         per_s, seconds = measure(run, device, sizes.warmup, sizes.repeats)

@@ -68,6 +68,7 @@ TAGS = {
     "byte-budget": "its memory is capped by a byte budget set per run (memcl lm --budgets)",
     "learns-nothing": "keeps no state (the frozen base): restore and byte checks are vacuous",
     "direction-memory": "keeps MIITA's prototype memory (memcl_ops/miita/): written from teacher-forced extractions",
+    "demonstrations": "answers after stored examples retrieved by key and shown in the prompt (text replay)",
 }
 FAMILIES = ("features", "nsr", "lm")  # what runs where: a pipeline per family (pipeline/features.py, nsr.py, lm.py)
 
@@ -119,11 +120,31 @@ class MethodSpec:
 
 
 @dataclass(frozen=True)
+class HybridConfig:
+    """`miita-replay`: one byte budget, split between MIITA's prototypes and replayed demonstrations [R]."""
+
+    direction_share: float = 0.5  # of the budget for the prototypes; the rest holds demonstrations
+    # an example is also kept as a demonstration only when the frozen model's mean answer NLL exceeds this (what it
+    # cannot do; 0: every example); every example is written as a prototype (~90 bytes)
+    demonstrate_above_nll: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.direction_share < 1.0:
+            raise ValueError(f"direction_share must be in (0, 1), got {self.direction_share}")
+
+    def budgets(self, total: int) -> tuple[int, int]:
+        """(prototype bytes, demonstration bytes) of a total budget."""
+        prototypes = int(total * self.direction_share)
+        return prototypes, total - prototypes
+
+
+@dataclass(frozen=True)
 class LMMethodConfig:
     memory: MemoryConfig = MemoryConfig()
     adapt: AdaptConfig = AdaptConfig()
     replay: ReplayConfig = ReplayConfig()
     finetune: FinetuneConfig = FinetuneConfig()
+    hybrid: HybridConfig = HybridConfig()
 
 
 _NSR_TAGS = frozenset({"trains-backbone"})  # task-aware: the bank is keyed at task arrival
@@ -199,7 +220,11 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
                                                                           "direction-memory"}),
                fixed={"adapt": {"rule": "copy"}}, role="baseline"),
     MethodSpec("replay", "text replay: stored examples, nearest by key, as demonstrations in the prompt (UTF-8 "
-               "budget)", family="lm", tags=frozenset({"generative", "byte-budget"}), role="baseline"),
+               "budget)", family="lm", tags=frozenset({"generative", "byte-budget", "demonstrations"}),
+               role="baseline"),
+    MethodSpec("miita-replay", "MIITA + replay in one budget: position-aware prototypes steer, replayed examples "
+               "shown in the prompt", family="lm",
+               tags=frozenset({"generative", "byte-budget", "direction-memory", "demonstrations"})),
     MethodSpec("lora", "sequential LoRA fine-tuning of q/v projections, no memory (forgetting reference)",
                family="lm", tags=frozenset({"generative", "trains-backbone"}), role="baseline"),
 ]}

@@ -50,6 +50,9 @@ from pipeline.config import ConfigError, dump_config, load_config
 from pipeline.errors import RunInterrupted
 from pipeline.progress import InFlight, Progress, Reports
 
+SCORES = ("exact", "first_word", "label_restricted", "rouge_l")  # per answer: memcl_ops/data/lm_tasks.py
+QUERY_COST = ("prompt_tokens", "ms_per_query")
+
 
 @dataclass(frozen=True)
 class LMRuntimeConfig:
@@ -165,12 +168,15 @@ class LMPipeline:
         self.info = ctx.info
         cfg, rt = ctx.config, ctx.config.runtime
         self.method = lm_method(spec.method).resolve_lm(cfg.method)  # with the settings the method fixes
-        self.prototypes = "direction-memory" in lm_method(spec.method).tags
+        tags = lm_method(spec.method).tags
+        self.prototypes, self.demonstrations = "direction-memory" in tags, "demonstrations" in tags
         options = {"num_cpus": 0, "max_restarts": rt.max_restarts}
         names = ["lm_encoder"]
-        if self.prototypes or spec.method == "replay":  # the budget caps the one store each keeps
-            stores = (Stores(prototypes=self.memory_config, vocab=ctx.model["vocab"]) if self.prototypes
-                      else Stores(replay=replace(self.method.replay, budget_bytes=spec.budget)))
+        if self.prototypes or self.demonstrations:  # the budget caps what the memory keeps, both stores together
+            shown = self.method.hybrid.budgets(spec.budget)[1] if self.prototypes else spec.budget
+            stores = Stores(prototypes=self.memory_config if self.prototypes else None,
+                            replay=replace(self.method.replay, budget_bytes=shown) if self.demonstrations else None,
+                            vocab=ctx.model["vocab"])
             ctx.actors.get("memory", MemoryManager, options, ctx.model["hidden"], stores, cfg.seed, 1)
             names.append("memory")
         if spec.method == "lora":
@@ -181,7 +187,9 @@ class LMPipeline:
 
     @property
     def memory_config(self) -> MemoryConfig:
-        return replace(self.method.memory, budget_bytes=self.spec.budget)
+        both = self.prototypes and self.demonstrations
+        budget = self.method.hybrid.budgets(self.spec.budget)[0] if both else self.spec.budget
+        return replace(self.method.memory, budget_bytes=budget)
 
     def plan(self) -> list[runner.RoundBatches]:
         return runner.plan_rounds(self.info, task_free=False, every=0)
@@ -202,15 +210,19 @@ class LMPipeline:
         calls = []
         for i, pairs in enumerate(ctx.train[task]):
             extracted = ctx.extraction(task, i)
-            calls.append(memory.write_prototypes.remote(extracted) if self.prototypes
-                         else memory.write_replay.remote(pairs, extracted))
+            if self.prototypes and self.demonstrations:
+                calls.append(memory.write_both.remote(pairs, extracted, self.method.hybrid.demonstrate_above_nll))
+            elif self.prototypes:
+                calls.append(memory.write_prototypes.remote(extracted))
+            else:
+                calls.append(memory.write_replay.remote(pairs, extracted))
             if on_batch is not None:
                 on_batch(task, i)
             in_flight.add(calls[-1])
         in_flight.drain()
         outcomes = ray.get(calls)
         if self.prototypes:
-            return {k: sum(o[k] for o in outcomes) for k in outcomes[0]}
+            return {k: outcomes[-1][k] if k == "stored" else sum(o[k] for o in outcomes) for k in outcomes[0]}
         return {"stored": outcomes[-1]}
 
     def answer(self, task: int) -> list[ray.ObjectRef]:
@@ -219,14 +231,18 @@ class LMPipeline:
         tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.test[task]
         if method == "lora":
             return [self.roles.handle("lm_trainer").generate.remote(b, tokens) for b in batches]
+        memory = self.roles.handle("memory") if "memory" in self.roles.names else None
+        if self.demonstrations and task not in ctx.query_keys:
+            ctx.query_keys[task] = [ctx.encoder.query_keys.remote(b) for b in batches]
         if self.prototypes:
-            state = self.roles.handle("memory").prototype_state.remote()
-            return [ctx.encoder.generate.remote(b, tokens, state, self.memory_config, self.method.adapt)
-                    for b in batches]
-        if method == "replay":
-            if task not in ctx.query_keys:
-                ctx.query_keys[task] = [ctx.encoder.query_keys.remote(b) for b in batches]
-            memory = self.roles.handle("memory")
+            state = memory.prototype_state.remote()
+            if not self.demonstrations:
+                return [ctx.encoder.generate.remote(b, tokens, state, self.memory_config, self.method.adapt)
+                        for b in batches]
+            return [ctx.encoder.generate.remote(b, tokens, state, self.memory_config, self.method.adapt,
+                                                memory.demonstrations.remote(k), k)
+                    for b, k in zip(batches, ctx.query_keys[task])]
+        if self.demonstrations:
             return [ctx.encoder.generate.remote(b, tokens, demonstrations=memory.demonstrations.remote(k))
                     for b, k in zip(batches, ctx.query_keys[task])]
         return [ctx.encoder.generate.remote(b, tokens) for b in batches]
@@ -242,23 +258,27 @@ class LMPipeline:
         t1 = time.perf_counter()
         final = task == len(ctx.tasks) - 1
         due = range(task + 1) if final or ctx.config.runtime.evaluate == "seen" else [task]
-        accuracy, nll, predictions = {}, {}, []
+        accuracy, nll, predictions, scores = {}, {}, [], {}
         for j in due:
             if self.spec.method == "base" and j in ctx.base_answers:
                 accuracy[j], nll[j], rows = ctx.base_answers[j]
             else:
+                started = time.perf_counter()
                 answers = bars.wait(self.answer(j), f"{self.spec.name}: answer {ctx.tasks[j].name}", "batch",
                                     leave=False)
                 accuracy[j], nll[j], rows = score(answers, ctx.tasks[j])
+                ms = 1000 * (time.perf_counter() - started) / max(len(rows), 1)
+                rows = [{**r, "ms_per_query": ms} for r in rows]
                 if self.spec.method == "base":
                     ctx.base_answers[j] = accuracy[j], nll[j], rows
+            scores[j] = {name: float(np.mean([r[name] for r in rows])) for name in SCORES + QUERY_COST}
             predictions += [{"run": self.spec.name, "after_task": task, "task": j, **r} for r in rows]
         bars.note(f"{self.spec.name} after {ctx.tasks[task].name}: mean accuracy on the tasks answered "
                   f"{np.mean(list(accuracy.values())):.3f}")
         return runner.RoundOutcome(accuracy, list(range(task + 1)), [task], len(batches), None,
                                    {"learn": t1 - t0, "evaluate": time.perf_counter() - t1},
                                    {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
-                                    "predictions": predictions})
+                                    "scores": scores, "predictions": predictions})
 
     def revive(self, parts: dict[str, checkpoint.State]) -> None:
         self.ctx.forget_calls()
@@ -266,7 +286,7 @@ class LMPipeline:
         self.roles.restore(parts)
 
     def memory_report(self) -> dict[str, int]:
-        if self.prototypes or self.spec.method == "replay":
+        if self.prototypes or self.demonstrations:
             return ray.get(self.roles.handle("memory").memory_report.remote())
         if self.spec.method == "lora":
             return ray.get(self.roles.handle("lm_trainer").memory_bytes.remote())
@@ -288,12 +308,23 @@ class LMPipeline:
             for j, value in entry["nll"].items():
                 nll[i, int(j)] = value
         full = not np.isnan(acc[np.tril_indices(len(acc))]).any()
+        per_score = {name: np.full_like(acc, np.nan) for name in SCORES + QUERY_COST}
+        for i, entry in enumerate(state.round_log):
+            for j, values in entry["scores"].items():
+                for name, value in values.items():
+                    per_score[name][i, int(j)] = value
+
         return {"method": self.spec.method, "run": self.spec.name, "budget_bytes": self.spec.budget,
                 "op": M.final_accuracy(acc), "bwt": M.backward_transfer(acc),
                 "a_mean": M.average_incremental_accuracy(acc) if full else None,
                 "forgetting": M.forgetting(acc) if full else None,
                 # teacher-forced NLL of the reference answers under the method's final state (lower is better)
                 "nll_matrix": nll.tolist(), "final_answer_nll": float(np.mean(nll[-1])),
+                # OP and BWT of every score (the headline `op` is exact match, or ROUGE-L on free-text tasks)
+                "scores": {name: {"op": M.final_accuracy(per_score[name]), "bwt": M.backward_transfer(per_score[name])}
+                           for name in SCORES},
+                # what one answer costs: prompt tokens read (replay's demonstrations included) and wall ms
+                "query_cost": {name: float(np.nanmean(per_score[name])) for name in QUERY_COST},
                 "log": [{"task": e["task"], "name": e["name"], "learned": e["learned"], "memory_bytes": e["memory"],
                          "accuracy": {self.ctx.tasks[int(j)].name: a for j, a in e["accuracy"].items()}}
                         for e in state.round_log]}
@@ -305,12 +336,12 @@ def score(predictions: list[pa.RecordBatch], task: TextTask) -> tuple[float, flo
     pairs = {p.prompt: p for p in task.test}
     rows = []
     for batch in predictions:
-        columns = (S.sample_ids_to_numpy(batch).tolist(), *(batch.column(c).to_pylist()
-                                                             for c in (S.TEXT, S.ANSWER, S.PREDICTION, S.ANSWER_NLL)))
-        for sid, prompt, answer, pred, nll in zip(*columns):
+        columns = (S.sample_ids_to_numpy(batch).tolist(), *(batch.column(c).to_pylist() for c in (
+            S.TEXT, S.ANSWER, S.PREDICTION, S.ANSWER_NLL, S.PROMPT_TOKENS)))
+        for sid, prompt, answer, pred, nll, read in zip(*columns):
             scores = answer_scores(pred, pairs.get(prompt, TextPair(prompt, answer)), task.answers)
             rows.append({"sample_id": sid, "prompt": prompt, "answer": answer, "prediction": pred,
-                         "correct": bool(scores["exact"]), **scores, "answer_nll": nll})
+                         "correct": bool(scores["exact"]), **scores, "answer_nll": nll, "prompt_tokens": read})
     if not rows:
         return float("nan"), float("nan"), rows
     headline = "rouge_l" if task.metric == "rouge-l" else "exact"
@@ -392,7 +423,7 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resum
 def _run_entry(metrics: dict) -> dict:
     """One run's entry in the `memcl lm` metrics: its results without the answers (those go to predictions.jsonl)."""
     keep = ("method", "budget_bytes", "acc_matrix", "op", "bwt", "a_mean", "forgetting", "nll_matrix",
-            "final_answer_nll", "memory_bytes", "log", "samples", "recoveries", "wall_seconds")
+            "final_answer_nll", "scores", "query_cost", "memory_bytes", "log", "samples", "recoveries", "wall_seconds")
     return {k: metrics[k] for k in keep}
 
 

@@ -159,9 +159,10 @@ def text_pairs(batch: pa.RecordBatch) -> tuple[list[str], list[str]]:
 
 def direction_batch(sample_ids: np.ndarray, keys: np.ndarray, directions: np.ndarray, norms: np.ndarray,
                     task_ids: np.ndarray | None = None, *, stream: str = "", encoder: str = "",
-                    answer_tokens: list[list[int]] | None = None) -> pa.RecordBatch:
+                    answer_tokens: list[list[int]] | None = None, answer_nll: np.ndarray | None = None
+                    ) -> pa.RecordBatch:
     """MIITA's write-side batch: per pair its semantic key, its correction R_m and ‖R_m‖, and (when given) its
-    answer's token ids."""
+    answer's token ids and the frozen model's mean NLL of that answer."""
     keys = np.ascontiguousarray(keys, dtype=np.float32)
     directions = np.ascontiguousarray(directions, dtype=np.float32)
     if keys.ndim != 2 or directions.ndim != 2 or len(keys) != len(directions):
@@ -177,6 +178,9 @@ def direction_batch(sample_ids: np.ndarray, keys: np.ndarray, directions: np.nda
             raise ValueError(f"{len(answer_tokens)} answer token lists for {n} rows")
         arrays.append(pa.array(answer_tokens, type=pa.list_(pa.int32())))
         fields.append(pa.field(ANSWER_TOKENS, pa.list_(pa.int32()), nullable=False))
+    if answer_nll is not None:
+        arrays.append(pa.array(np.asarray(answer_nll, dtype=np.float32)))
+        fields.append(pa.field(ANSWER_NLL, pa.float32(), nullable=False))
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(
         fields, metadata=_metadata(stream=stream, encoder=encoder, feature_dim=keys.shape[1])))
 
@@ -393,13 +397,17 @@ def partition(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch
 
 PREDICTION = "prediction"
 ANSWER_NLL = "answer_nll"
+PROMPT_TOKENS = "prompt_tokens"  # tokens the model read for one answer (demonstrations included)
 
 
-def with_predictions(pairs: pa.RecordBatch, texts: list[str], answer_nll: torch.Tensor) -> pa.RecordBatch:
-    """The text-pair batch with each row's generated text and the teacher-forced NLL of its answer appended."""
+def with_predictions(pairs: pa.RecordBatch, texts: list[str], answer_nll: torch.Tensor, prompt_tokens: list[int]
+                     ) -> pa.RecordBatch:
+    """The text-pair batch with each row's generated text, the teacher-forced NLL of its answer and the prompt
+    tokens the model read for it appended."""
     out = pairs.append_column(pa.field(PREDICTION, pa.string(), nullable=False), pa.array(texts, pa.string()))
-    return out.append_column(pa.field(ANSWER_NLL, pa.float32(), nullable=False),
-                             pa.array(answer_nll.numpy().astype("float32")))
+    out = out.append_column(pa.field(ANSWER_NLL, pa.float32(), nullable=False),
+                            pa.array(answer_nll.numpy().astype("float32")))
+    return out.append_column(pa.field(PROMPT_TOKENS, pa.int32(), nullable=False), pa.array(prompt_tokens, pa.int32()))
 
 
 def labelled_block(batches: tuple[pa.RecordBatch | None, ...]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:

@@ -110,12 +110,17 @@ class TextReplayBuffer:
         self.seen, self.evicted, self.too_large = (int(x) for x in state["counters"])
 
 
-def add_examples(buffer: TextReplayBuffer, pairs: pa.RecordBatch, extracted: pa.RecordBatch) -> None:
-    """Offer every pair of a batch to the replay buffer, with the key the LM extracted for it."""
+def add_examples(buffer: TextReplayBuffer, pairs: pa.RecordBatch, extracted: pa.RecordBatch,
+                 above_nll: float | None = None) -> None:
+    """Offer every pair of a batch to the replay buffer, with the key the LM extracted for it; with `above_nll`, only
+    the pairs whose answer the frozen model finds harder than that (mean NLL)."""
     if not (S.sample_ids_to_numpy(pairs) == S.sample_ids_to_numpy(extracted)).all():
         raise S.BatchError("the key batch does not match the text-pair batch row for row", column=S.SAMPLE_ID,
                            sample_ids=S.sample_ids_to_numpy(pairs).tolist(), reason="mismatch")
     prompts, answers = S.text_pairs(pairs)
     keys = torch.from_numpy(S.column_matrix(extracted, S.KEY).copy())
-    for prompt, answer, task, key in zip(prompts, answers, S.task_ids_to_numpy(pairs), keys):
-        buffer.add(prompt, answer, int(task), key)
+    hard = (np.asarray(extracted.column(S.ANSWER_NLL)) > above_nll if above_nll is not None
+            else np.ones(len(prompts), dtype=bool))
+    for prompt, answer, task, key, kept in zip(prompts, answers, S.task_ids_to_numpy(pairs), keys, hard):
+        if kept:
+            buffer.add(prompt, answer, int(task), key)

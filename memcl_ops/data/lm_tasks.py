@@ -7,17 +7,22 @@
 | `word-code` | synthetic: a fixed random map of nouns to made-up codes | recall the map (4) | same words, new wording |
 | `last-letter` | synthetic string transformation | the last letter of a word | held-out words |
 | `made-up-base` | synthetic: base-5 digits written p q r s t | sums of two digits | same sums, new wording |
+| `sentiment-negation` | templated reviews, "not" flips the adjective | positive / negative | unseen sentences |
+| `word-category` | word lists | animal, fruit, tool, colour, vehicle | unseen words |
+| `superni:<task>` | SuperNI task files (memcl_ops/data/superni.py) | the task's definition | second half |
 
 Every prompt names the possible answers, so a model that knows nothing can still guess among them. The base
-model cannot know the answers of the synthetic tasks. Scoring is exact match after `normalise` (case, outer
-whitespace, quotes and trailing punctuation ignored).
+model cannot know the answers of the synthetic tasks; it can partly do `bbc-topic`, `sentiment-negation` and
+`word-category` (`PARTLY_CAPABLE`). Every answer gets exact match after `normalise` (case, outer whitespace, quotes
+and trailing punctuation ignored), first-word match, label-restricted match and ROUGE-L (`answer_scores`); a task's
+headline score is exact match or, for free text, ROUGE-L.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +69,9 @@ class LMStreamSpec:
     max_words: int = 30  # real texts are cut to their first words (prompt length, and so compute, stays small)
     seed: int = 0  # draws the examples and the word-code map
     superni_dir: str = ""  # SuperNI task files for "superni:<task>" names ("": the subsample in memcl_ops/data/superni)
+    # "dev": answer a held-out quarter of each task's training pairs instead of its test pairs (choosing knobs
+    # without seeing a test item); "test": the test pairs
+    evaluate_on: str = "test"
 
 
 def normalise(text: str) -> str:
@@ -102,13 +110,14 @@ def rouge_l(prediction: str, references: Sequence[str]) -> float:
 
 def answer_scores(prediction: str, pair: TextPair, answers: Sequence[str]) -> dict[str, float]:
     """Every score of one answer: exact match and first word (best over the references), ROUGE-L, and the
-    label-restricted match (the first answer of the task's set named in the prediction; no set: exact)."""
+    label-restricted match (the answer of the task's set the prediction names first; no set: exact)."""
     refs = pair.references or (pair.answer,)
     said = words(prediction)
-    named = [a for a in answers if normalise(a) and normalise(a) in said]
-    restricted = (normalise(named[0]) in {normalise(r) for r in refs}) if answers and named else (
-        any(exact_match(prediction, r) for r in refs) if not answers else False)
-    return {"exact": float(any(exact_match(prediction, r) for r in refs)),
+    labels = {normalise(a) for a in answers}
+    named = next((w for w in said if w in labels), None)
+    exact = any(exact_match(prediction, r) for r in refs)
+    restricted = exact if not answers else named is not None and named in {normalise(r) for r in refs}
+    return {"exact": float(exact),
             "first_word": float(any(first_word_match(prediction, r) for r in refs)),
             "rouge_l": rouge_l(prediction, refs), "label_restricted": float(restricted)}
 
@@ -215,13 +224,63 @@ def made_up_base(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
                   f"Using the base-five digits {legend}, give the sum {{}}.", answers, spec, rng)
 
 
+CATEGORY_WORDS = {
+    "animal": ("horse", "rabbit", "eagle", "dolphin", "wolf", "sheep", "parrot", "lizard", "beaver", "camel", "otter",
+               "falcon", "goat", "squirrel", "whale", "moose"),
+    "fruit": ("banana", "cherry", "mango", "pear", "grape", "plum", "apricot", "melon", "peach", "papaya", "lime",
+              "fig", "guava", "raspberry", "coconut", "pineapple"),
+    "tool": ("hammer", "wrench", "screwdriver", "saw", "chisel", "drill", "pliers", "shovel", "axe", "rake", "spanner",
+             "trowel", "crowbar", "mallet", "scissors", "file"),
+    "colour": ("crimson", "scarlet", "azure", "violet", "amber", "turquoise", "magenta", "beige", "indigo", "maroon",
+               "olive", "lavender", "navy", "teal", "ochre", "ivory"),
+    "vehicle": ("bicycle", "truck", "tram", "scooter", "tractor", "canoe", "helicopter", "van", "motorcycle", "yacht",
+                "submarine", "lorry", "taxi", "ferry", "glider", "wagon"),
+}
+REVIEWED = ("film", "meal", "hotel", "concert", "book", "service", "holiday", "game", "show", "museum", "course",
+            "restaurant")
+POSITIVE = ("wonderful", "great", "delightful", "excellent", "pleasant", "superb", "charming", "brilliant")
+NEGATIVE = ("awful", "terrible", "boring", "dreadful", "poor", "disappointing", "dull", "horrible")
+
+
+def word_category(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    """Name the category of a word (5); test words are words no training prompt holds."""
+    classes = tuple(CATEGORY_WORDS)
+    question = f"Which category does this word belong to? ({', '.join(classes)})"
+    items = [(w, c) for c in classes for w in CATEGORY_WORDS[c]]
+    order = rng.permutation(len(items))
+    test = [items[i] for i in order[:spec.test_per_task]]
+    rest = [items[i] for i in order[spec.test_per_task:]]
+    if not rest:
+        raise ValueError(f"word-category has {len(items)} words; test_per_task {spec.test_per_task} leaves none")
+    train = [rest[i % len(rest)] for i in range(spec.train_per_task)]
+    return TextTask("word-category", tuple(TextPair(f"{question}\n\n{w}", c) for w, c in train),
+                    tuple(TextPair(f"{question}\n\n{w}", c) for w, c in test), classes)
+
+
+def sentiment_negation(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    """Positive or negative, where "not" flips the adjective's sentiment; test sentences are unseen combinations."""
+    question = "Is the sentiment of this review negative or positive? (negative, positive)"
+    items = [(f"The {thing} was {'not ' if negated else ''}{adj}.", "negative" if (adj in NEGATIVE) != negated
+              else "positive") for thing in REVIEWED for adj in POSITIVE + NEGATIVE for negated in (False, True)]
+    order = rng.permutation(len(items))
+    test, rest = order[:spec.test_per_task], order[spec.test_per_task:]
+    train = [rest[i % len(rest)] for i in range(spec.train_per_task)]
+    return TextTask("sentiment-negation", tuple(TextPair(f"{question}\n\n{items[i][0]}", items[i][1]) for i in train),
+                    tuple(TextPair(f"{question}\n\n{items[i][0]}", items[i][1]) for i in test),
+                    ("negative", "positive"))
+
+
 BUILDERS: dict[str, Callable[[LMStreamSpec, np.random.Generator], TextTask]] = {
     "bbc-topic": bbc_topic,
     "fortune-topic": fortune_topic,
     "word-code": word_code,
     "last-letter": last_letter,
     "made-up-base": made_up_base,
+    "sentiment-negation": sentiment_negation,
+    "word-category": word_category,
 }
+# tasks the frozen base can partly do: it knows what the labels mean (LMStreamSpec's default is format learning)
+PARTLY_CAPABLE = ("bbc-topic", "sentiment-negation", "word-category")
 
 
 def build_stream(spec: LMStreamSpec) -> list[TextTask]:
@@ -233,9 +292,22 @@ def build_stream(spec: LMStreamSpec) -> list[TextTask]:
     unknown = [t for t in spec.tasks if t not in BUILDERS and not t.startswith("superni:")]
     if unknown:
         raise ValueError(f"unknown LM task(s) {unknown}; known: {sorted(BUILDERS)}")
+    if spec.evaluate_on not in ("test", "dev"):
+        raise ValueError(f"evaluate_on {spec.evaluate_on!r} is not one of test, dev")
     if spec.train_per_task < 1 or spec.test_per_task < 1:
         raise ValueError(f"train_per_task ({spec.train_per_task}) and test_per_task ({spec.test_per_task}) "
                          "must be >= 1")
-    return [superni.load_task(name.removeprefix("superni:"), root) if name.startswith("superni:")
-            else BUILDERS[name](spec, np.random.default_rng([spec.seed, list(BUILDERS).index(name)]))
-            for name in spec.tasks]
+    tasks = [superni.load_task(name.removeprefix("superni:"), root, seed=spec.seed) if name.startswith("superni:")
+             else BUILDERS[name](spec, np.random.default_rng([spec.seed, list(BUILDERS).index(name)]))
+             for name in spec.tasks]
+    return [dev_split(t) for t in tasks] if spec.evaluate_on == "dev" else tasks
+
+
+def dev_split(task: TextTask) -> TextTask:
+    """The task with the last quarter of its distinct training prompts held out as the test set (at least one)."""
+    prompts = list(dict.fromkeys(p.prompt for p in task.train))
+    if len(prompts) < 2:
+        raise ValueError(f"{task.name} has {len(prompts)} distinct training prompt(s); a dev split needs 2")
+    held = set(prompts[len(prompts) - max(1, len(prompts) // 4):])
+    return replace(task, train=tuple(p for p in task.train if p.prompt not in held),
+                   test=tuple(dict.fromkeys(p for p in task.train if p.prompt in held)))

@@ -6,13 +6,16 @@ instances, the licences; five tasks could not be obtained offline). Users with t
 A prompt is the task's definition followed by the instance input; the answer to learn is the first reference
 output, and every reference counts when scoring. Classification tasks (task363, task875, task1687) are scored by
 exact match, all others by ROUGE-L, as the CL literature on this order does. Train and test are the first and
-second half of the instances in file order (the task files are shuffled upstream).
+second half of the instances in file order (the task files are shuffled upstream) at seed 0, of a seeded shuffle
+otherwise.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import numpy as np
 
 from memcl_ops.data.datasets import DatasetUnavailable
 from memcl_ops.data.lm_tasks import TextPair, TextTask
@@ -39,8 +42,9 @@ def _cut(text: str, words: int) -> str:
     return " ".join(parts[:words]) + (" ..." if len(parts) > words else "")
 
 
-def load_task(name: str, root: Path = SUPERNI_DIR, max_instances: int | None = None) -> TextTask:
-    """One SuperNI task file as a TextTask (first half train, second half test)."""
+def load_task(name: str, root: Path = SUPERNI_DIR, max_instances: int | None = None, seed: int = 0) -> TextTask:
+    """One SuperNI task file as a TextTask: first half train, second half test, in file order at seed 0 and in a
+    seeded shuffle otherwise (another draw of the same instances)."""
     path = Path(root) / f"{name}.json"
     if not path.is_file():
         raise DatasetUnavailable(f"SuperNI task {name!r} is not in {root} (present: {', '.join(available(root))})")
@@ -59,6 +63,8 @@ def load_task(name: str, root: Path = SUPERNI_DIR, max_instances: int | None = N
         pairs.append(TextPair(prompt, references[0], references))
     if len(pairs) < 2:
         raise DatasetUnavailable(f"{path} has {len(pairs)} usable instances; a task needs at least 2")
+    if seed:
+        pairs = [pairs[i] for i in np.random.default_rng([seed, *name.encode()]).permutation(len(pairs))]
     half = len(pairs) // 2
     classification = name in CLASSIFICATION
     answers = tuple(sorted({r for p in pairs[:half] for r in p.references})) if classification else ()

@@ -33,8 +33,15 @@ import pyarrow as pa
 import torch
 
 from memcl_ops.arrow import schema as S
-from memcl_ops.miita.directions import (COUNT_BYTES, Adaptation, AdaptConfig, DirectionMemory, MemoryConfig,
-                                        WriteResult, entropy)
+from memcl_ops.miita.directions import (
+    COUNT_BYTES,
+    Adaptation,
+    AdaptConfig,
+    DirectionMemory,
+    MemoryConfig,
+    WriteResult,
+    entropy,
+)
 from memcl_ops.tensors import normalize
 
 if TYPE_CHECKING:
@@ -43,6 +50,7 @@ if TYPE_CHECKING:
 ANCHOR_COUNT_BYTES = 2  # |A_j| as uint16: the layout of the pooled anchor array
 LENGTH_BYTES = 1  # stored answer positions per prototype, uint8 (positions <= 255)
 CENTRE_HEADER_BYTES = 8  # the centre's float32 scale and int32 count
+DEFAULT_MEMORY, DEFAULT_ADAPT = MemoryConfig(), AdaptConfig()
 
 
 def anchor_width(hidden: int, code: str) -> int:
@@ -89,7 +97,7 @@ class AnswerMemory:
     """Byte-budgeted prototypes of (answer tokens of the first positions, compact anchors, count), plus the key
     centre. `state()` is exactly what is stored; `nbytes()` is its size."""
 
-    def __init__(self, hidden: int, vocab: int, config: MemoryConfig = MemoryConfig()):
+    def __init__(self, hidden: int, vocab: int, config: MemoryConfig = DEFAULT_MEMORY):
         if not 1 <= config.positions <= 255:
             raise ValueError(f"positions must be in 1..255 for the position-aware memory, got {config.positions}")
         self.hidden, self.vocab, self.config = hidden, vocab, config
@@ -117,7 +125,8 @@ class AnswerMemory:
                                       self.tokens_dtype.itemsize)
 
     def nbytes(self) -> int:
-        return self.fixed_bytes() + sum(self.prototype_bytes(len(t), len(a)) for t, a in zip(self.answers, self.anchors))
+        return self.fixed_bytes() + sum(self.prototype_bytes(len(t), len(a))
+                                        for t, a in zip(self.answers, self.anchors))
 
     def __len__(self) -> int:
         return len(self.answers)
@@ -266,7 +275,7 @@ class AnswerMemory:
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray], hidden: int, vocab: int,
-                   config: MemoryConfig = MemoryConfig()) -> AnswerMemory:
+                   config: MemoryConfig = DEFAULT_MEMORY) -> AnswerMemory:
         memory = cls(hidden, vocab, config)
         memory.restore(state)
         return memory
@@ -310,7 +319,7 @@ class AnswerSteering:
     """Read side of the position-aware memory: per batch of queries, the K most relevant prototypes; per answer
     position, the step toward the token they vote for. Plugs into `CausalLM.generate(adapter=...)`."""
 
-    def __init__(self, memory: AnswerMemory, weight: torch.Tensor, config: AdaptConfig = AdaptConfig()):
+    def __init__(self, memory: AnswerMemory, weight: torch.Tensor, config: AdaptConfig = DEFAULT_ADAPT):
         self.memory, self.weight, self.config = memory, weight, config
         device = weight.device
         units, owner = memory.anchor_units()

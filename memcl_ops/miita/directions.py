@@ -49,7 +49,7 @@ class MemoryConfig:
     # answer positions kept per prototype, the end-of-answer token included (memcl_ops/miita/answers.py); 0: the
     # paper's memory, one correction averaged over the answer (this module; `miita-paper`)
     positions: int = 8
-    centre_keys: bool = True  # position-aware: cosines on keys minus their running mean (the template dominates raw keys)
+    centre_keys: bool = True  # position-aware: cosines on keys minus their running mean (the template dominates)
     anchor_code: Literal["sign", "int8", "float16"] = "sign"  # position-aware: H/8, H or 2H bytes per anchor
     min_correction_norm: float = 0.0  # ρ_min: skip writes whose ‖R_m‖ is below it (0: off)
     direction_merge: float = 0.8  # τ_d: merge into the nearest prototype when cos(d_m, d_j) ≥ τ_d
@@ -405,7 +405,7 @@ def extract_directions(lm: CausalLM, pairs: pa.RecordBatch) -> pa.RecordBatch:
     prompts, answers = S.text_pairs(pairs)
     out = lm.teacher_forced(prompts, answers)
     keys, corrections = out.keys.cpu(), out.corrections.cpu()  # Arrow holds host memory
-    tokens = [lm.answer_ids(a) + [lm.answer_end_id] for a in answers]
+    tokens = [[*lm.answer_ids(a), lm.answer_end_id] for a in answers]
     return S.direction_batch(S.sample_ids_to_numpy(pairs), keys.numpy(), corrections.numpy(),
                              corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID), encoder=lm.spec.name,
-                             answer_tokens=tokens)
+                             answer_tokens=tokens, answer_nll=out.loss.cpu().numpy())

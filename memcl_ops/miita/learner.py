@@ -11,39 +11,65 @@ import numpy as np
 import pyarrow as pa
 
 from memcl_ops.baselines.lm_learners import FrozenLM
+from memcl_ops.baselines.text_replay import TextReplayBuffer, add_examples
 from memcl_ops.methods import LMMethodConfig, MethodSpec
 from memcl_ops.miita.answers import adaptation, build_memory, copy_answers
 from memcl_ops.miita.directions import extract_directions
 from memcl_ops.models.causal_lm import LMSpec
-from memcl_ops.tensors import array_bytes
+from memcl_ops.tensors import array_bytes, prefixed, state_part
 
 
 class MIITALearner(FrozenLM):
+    """`miita`, `miita-paper`, `nearest-answer` and, with a demonstration buffer in the same budget, `miita-replay`."""
+
     def __init__(self, spec: MethodSpec, config: LMMethodConfig, lm: LMSpec, budget: int, max_new_tokens: int = 4,
                  seed: int = 0):
         config = spec.resolve_lm(config)
         super().__init__(spec, config, lm, max_new_tokens, seed)
+        self.replay = None
+        if "demonstrations" in spec.tags:
+            budget, shown = config.hybrid.budgets(budget)
+            self.replay = TextReplayBuffer(self.lm.hidden_size, replace(config.replay, budget_bytes=shown))
         self.memory = build_memory(self.lm.hidden_size, self.lm.vocab_size,
                                    replace(config.memory, budget_bytes=budget))
 
     def observe(self, batch: pa.RecordBatch) -> None:
-        self.memory.write_batch(extract_directions(self.lm, batch))
+        extracted = extract_directions(self.lm, batch)
+        self.memory.write_batch(extracted)
+        if self.replay is not None:
+            add_examples(self.replay, batch, extracted, self.config.hybrid.demonstrate_above_nll)
 
     def generate(self, prompts: list[str]) -> list[str]:
         adapter = adaptation(self.memory, self.lm.weight, self.config.adapt)
         if self.config.adapt.rule == "copy":
             return copy_answers(self.lm, adapter, prompts)
-        return self.lm.generate(prompts, self.max_new_tokens, adapter).texts
+        if self.replay is None:
+            return self.lm.generate(prompts, self.max_new_tokens, adapter).texts
+        keys = self.lm.query_keys(prompts)
+        return self.lm.generate(prompts, self.max_new_tokens, adapter, self.replay.nearest(keys),
+                                query_keys=keys).texts
 
     def state(self) -> dict[str, np.ndarray]:
-        return self.memory.state()
+        if self.replay is None:
+            return self.memory.state()
+        return {**prefixed("prototypes", self.memory.state()), **prefixed("replay", self.replay.state())}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.memory.restore(state)
+        if self.replay is None:
+            self.memory.restore(state)
+            return
+        self.memory.restore(state_part(state, "prototypes"))
+        self.replay.restore(state_part(state, "replay"))
 
     def memory_bytes(self) -> dict[str, int]:
-        """Every stored byte (`nbytes`); what a checkpoint keeps beyond it is the write counters (0-d) and, for the
-        paper's memory, the anchors' owner index (the layout its budget formula leaves implicit)."""
+        """Every stored byte (`nbytes`); what a checkpoint keeps beyond it is bookkeeping (the paper's anchor owner
+        index, the layout its budget formula leaves implicit; replay's task ids and counters) and replay's cached
+        keys (recomputable from the text, outside the budget)."""
         state = self.memory.state()
         extra = {k: state[k] for k in ("anchor_owner", "counters") if k in state}
-        return {"prototypes": self.memory.nbytes(), **({"bookkeeping": array_bytes(extra)} if extra else {})}
+        report = {"prototypes": self.memory.nbytes()}
+        if self.replay is not None:
+            replay = self.replay.state()
+            extra |= {f"replay.{k}": replay[k] for k in ("tasks", "counters")}
+            report |= {"replay_text": self.replay.nbytes(), "replay_keys": replay["keys"].nbytes}
+        return {**report, **({"bookkeeping": array_bytes(extra)} if extra else {})}

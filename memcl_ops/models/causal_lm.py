@@ -25,7 +25,7 @@ import importlib.util
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -194,6 +194,7 @@ class Generation:
     query_keys: torch.Tensor  # (B, H) semantic keys of the prompts
     cache: object  # the KV cache after the last step (the base pass only; for inspection)
     answer_nll: torch.Tensor | None = None  # (B,) mean NLL of the given answers' tokens under the same adaptation
+    prompt_tokens: list[int] = field(default_factory=list)  # tokens read per prompt (demonstrations included)
 
 
 @dataclass
@@ -356,21 +357,25 @@ class CausalLM:
     @torch.inference_mode()
     def generate(self, prompts: Sequence[str], max_new_tokens: int, adapter: AdapterFactory | None = None,
                  demonstrations: Sequence[Sequence[tuple[str, str]]] | None = None,
-                 answers: Sequence[str] | None = None) -> Generation:
+                 answers: Sequence[str] | None = None, query_keys: torch.Tensor | None = None) -> Generation:
         """Greedy decoding of all prompts (micro-batched), each optionally after its own demonstrations.
-        With `adapter`, each step's logits come from W·h̃ with h̃ = adapter(h, W·h); the KV cache only ever
-        sees the base pass. With `answers`, also their teacher-forced NLL under the same adaptation."""
+        With `adapter`, each step's logits come from W·h̃ with h̃ = adapter(h, W·h, t); the KV cache only ever
+        sees the base pass. With `answers`, also their teacher-forced NLL under the same adaptation. The adapter
+        is built from `query_keys` when given (e.g. the prompts' keys read without their demonstrations, as the
+        memory's anchors were), else from the keys of the prompts as read."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         for name, given in (("demonstration lists", demonstrations), ("answers", answers)):
             if given is not None and len(given) != len(prompts):
                 raise ValueError(f"{len(given)} {name} for {len(prompts)} prompts")
-        texts, tokens, keys, nll, cache = [], [], [], [], None
+        texts, tokens, keys, nll, cache, read = [], [], [], [], None, []
         for start in range(0, len(prompts), self.spec.micro_batch):
             chunk = range(start, min(start + self.spec.micro_batch, len(prompts)))
             seqs = [self.prompt_tokens(prompts[i], demonstrations[i] if demonstrations else ()) for i in chunk]
             targets = [self.answer_ids(answers[i]) for i in chunk] if answers is not None else None
-            part = self.generate_ids(seqs, max_new_tokens, adapter, targets)
+            keys_given = query_keys[start:start + len(seqs)] if query_keys is not None else None
+            part = self.generate_ids(seqs, max_new_tokens, adapter, targets, keys_given)
+            read += [len(s.ids) for s in seqs]
             texts += part.texts
             tokens += part.tokens
             keys.append(part.query_keys)
@@ -378,10 +383,10 @@ class CausalLM:
             cache = part.cache
         return Generation(texts, tokens,
                           torch.cat(keys) if keys else torch.zeros(0, self.hidden_size, device=self.device), cache,
-                          torch.cat(nll) if answers is not None and nll else None)
+                          torch.cat(nll) if answers is not None and nll else None, read)
 
     def generate_ids(self, seqs: list[PromptTokens], max_new_tokens: int, adapter: AdapterFactory | None = None,
-                     answers: list[list[int]] | None = None) -> Generation:
+                     answers: list[list[int]] | None = None, adapter_keys: torch.Tensor | None = None) -> Generation:
         ids, mask = _left_padded([s.ids for s in seqs], self.pad_id, self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
         out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
@@ -391,7 +396,8 @@ class CausalLM:
         pad = [ids.shape[1] - len(s.ids) for s in seqs]
         query_keys = torch.stack([normalize(key_states[i, pad[i] + s.key_span[0]:pad[i] + s.key_span[1]].mean(dim=0))
                                   for i, s in enumerate(seqs)])
-        step = adapter(query_keys) if adapter is not None else None
+        keys = query_keys if adapter_keys is None else adapter_keys.to(self.device)
+        step = adapter(keys) if adapter is not None else None
         hidden = out.last_hidden_state[:, -1]
         nll = None
         if answers is not None:  # decoding then starts from the same prompt cache

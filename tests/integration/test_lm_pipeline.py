@@ -21,7 +21,8 @@ pytestmark = pytest.mark.ray
 ALWAYS_ON = {"entropy_threshold": -1.0, "relevance_threshold": -1.0}  # gate fully open: any step shows
 
 
-def config(step: float, methods=("base", "replay", "miita", "miita-paper", "lora"), budgets=(256,), out="runs"):
+def config(step: float, methods=("base", "replay", "miita", "miita-paper", "miita-replay", "lora"), budgets=(256,),
+           out="runs"):
     return LMRunConfig(
         model=LMSpec(name="tiny:llama", threads=1), methods=methods, budgets=budgets,
         stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3),
@@ -44,7 +45,7 @@ def predictions(metrics) -> dict[str, dict]:
 
 def test_run_folder_holds_every_run_side_by_side(zero_step):
     runs = zero_step["runs"]
-    assert list(runs) == ["base", "replay@256B", "miita@256B", "miita-paper@256B", "lora"]
+    assert list(runs) == ["base", "replay@256B", "miita@256B", "miita-paper@256B", "miita-replay@256B", "lora"]
     for name, r in runs.items():
         acc = np.array(r["acc_matrix"])
         assert acc.shape == (3, 3) and np.isnan(acc[np.triu_indices(3, 1)]).all(), name

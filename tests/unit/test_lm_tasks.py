@@ -1,5 +1,7 @@
 """The offline LM task stream and the text-pair Arrow contract it travels in."""
 
+from dataclasses import replace
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -18,10 +20,10 @@ from memcl_ops.data.lm_tasks import (
 
 @pytest.fixture(scope="module")
 def stream():
-    return build_stream(LMStreamSpec())
+    return build_stream(LMStreamSpec(tasks=tuple(BUILDERS)))
 
 
-def test_stream_has_five_tasks_of_the_requested_sizes(stream):
+def test_stream_has_every_task_at_the_requested_sizes(stream):
     assert [t.name for t in stream] == list(BUILDERS)
     for task in stream:
         assert (len(task.train), len(task.test)) == (24, 16)
@@ -32,7 +34,7 @@ def test_stream_has_five_tasks_of_the_requested_sizes(stream):
 
 def test_held_out_tasks_do_not_share_items_and_fact_tasks_change_the_wording(stream):
     by_name = {t.name: t for t in stream}
-    for name in ("bbc-topic", "fortune-topic", "last-letter"):
+    for name in ("bbc-topic", "fortune-topic", "last-letter", "sentiment-negation", "word-category"):
         task = by_name[name]
         assert not {p.prompt for p in task.train} & {p.prompt for p in task.test}, name
     for name in ("word-code", "made-up-base"):
@@ -146,8 +148,20 @@ def test_superni_loader_names_a_missing_task_and_a_corrupt_file(tmp_path):
     from memcl_ops.data import superni
     from memcl_ops.data.datasets import DatasetUnavailable
 
-    with pytest.raises(DatasetUnavailable, match="task1290_xsum_summarization.*is not in"):
+    with pytest.raises(DatasetUnavailable, match=r"task1290_xsum_summarization.*is not in"):
         superni.load_task("task1290_xsum_summarization")
     (tmp_path / "task875_emotion_classification.json").write_text("{not json")
     with pytest.raises(DatasetUnavailable, match="is not a SuperNI task file"):
         superni.load_task("task875_emotion_classification", tmp_path)
+
+
+def test_dev_split_holds_out_training_prompts_and_never_shows_a_test_item():
+    from memcl_ops.data.lm_tasks import PARTLY_CAPABLE, LMStreamSpec, build_stream
+
+    spec = LMStreamSpec(tasks=(*PARTLY_CAPABLE[1:], "superni:task363_sst2_polarity_classification"),
+                        train_per_task=32, test_per_task=40)
+    for full, dev in zip(build_stream(spec), build_stream(replace(spec, evaluate_on="dev"))):
+        train, held = {p.prompt for p in dev.train}, {p.prompt for p in dev.test}
+        assert held and not train & held
+        assert train | held == {p.prompt for p in full.train}  # the dev run sees only training pairs
+        assert not (train | held) & {p.prompt for p in full.test}

@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from memcl_ops.miita.answers import (AnswerMemory, AnswerSteering, anchor_width, answer_prototype_bytes,
-                                     centre_bytes, decode_anchor, encode_anchor, flip_step)
+from memcl_ops.miita.answers import (
+    AnswerMemory,
+    AnswerSteering,
+    anchor_width,
+    answer_prototype_bytes,
+    centre_bytes,
+    decode_anchor,
+    encode_anchor,
+    flip_step,
+)
 from memcl_ops.miita.directions import AdaptConfig, MemoryConfig
 from memcl_ops.models.causal_lm import LMSpec, load_lm
 from memcl_ops.tensors import array_bytes, normalize
@@ -68,12 +76,12 @@ def test_decoding_with_the_memory_writes_each_stored_answer_and_stops(lm):
     memory = AnswerMemory(lm.hidden_size, lm.vocab_size, MemoryConfig(budget_bytes=64 * 1024, positions=16,
                                                                          anchor_code="float16"))
     for k, a in zip(lm.query_keys(prompts), answers):
-        memory.write(k, np.array(lm.answer_ids(a) + [lm.answer_end_id]))
+        memory.write(k, np.array([*lm.answer_ids(a), lm.answer_end_id]))
     config = AdaptConfig(max_step=100.0, flip_iterations=32)
     base = lm.generate(prompts, 12)
     adapted = lm.generate(prompts, 12, AnswerSteering(memory, lm.weight, config))
     assert all(t.strip() != a.strip() for t, a in zip(base.texts, answers))  # the random model knows none
-    written = [row == lm.answer_ids(a) + [lm.answer_end_id] for row, a in zip(adapted.tokens, answers)]
+    written = [row == [*lm.answer_ids(a), lm.answer_end_id] for row, a in zip(adapted.tokens, answers)]
     assert sum(written) >= 5, (adapted.texts, answers)
     # the same steps teacher-forced: the reference answers become far more likely
     nll_base = lm.generate(prompts, 1, answers=answers).answer_nll
