@@ -8,8 +8,9 @@
 Streams: `partly` (tasks the frozen base can partly do: bbc-topic, sentiment-negation, word-category; 32 train / 40
 test each), `superni-a` and `superni-b` (the shipped SuperNI order-A subsample, in order and reversed), `format`
 (the five format-learning tasks of `memcl lm`'s default: answers the base cannot know). For each stream, MIITA's
-step knobs are first chosen on the dev split (a held-out quarter of the training pairs, seed 0, 8 KiB; no test
-item is seen), then every method runs on the test pairs at every budget and seed. Prints one markdown table per
+knobs (answer positions kept, longest step) are first chosen on the dev split (a held-out quarter of the training
+pairs, seed 0, 8 KiB; no test item is seen), then every method runs on the test pairs at every budget and seed
+(`miita-paper` only where one of its fp16 prototypes fits). Prints one markdown table per
 stream: mean ± std over seeds of OP (the headline: exact match, ROUGE-L on free text), OP of each score, BWT,
 prompt tokens and ms per query and the memory's bytes; and writes it all to --out/fair.json.
 """
@@ -31,14 +32,15 @@ import numpy as np
 
 from memcl_ops.data import superni
 from memcl_ops.data.lm_tasks import PARTLY_CAPABLE, LMStreamSpec
+from memcl_ops.miita.directions import prototype_bytes
 from memcl_ops.models.causal_lm import LMSpec
 from pipeline import lm
 from pipeline.actor_cache import ActorCache
 
 METHODS = ("base", "replay", "nearest-answer", "miita", "miita-paper", "miita-replay", "lora")
 BUDGETS = (2048, 4096, 8192, 16384)
-# MIITA's flip-step knobs, chosen per stream on its dev split: the longest step (× ‖h‖) and the margin
-CANDIDATES = [{"max_step": s, "flip_margin": m} for s in (0.5, 1.0, 4.0) for m in (0.1, 0.5)]
+# MIITA's knobs chosen per stream on its dev split: answer positions kept, and the longest step (× ‖h‖)
+CANDIDATES = [{"memory.positions": p, "adapt.max_step": s} for p in (2, 8, 32) for s in (0.5, 4.0)]
 
 
 def streams(tiny: bool) -> dict[str, LMStreamSpec]:
@@ -59,8 +61,13 @@ def base_config(stream: LMStreamSpec, tiny: bool, out: str) -> lm.LMRunConfig:
     return config
 
 
-def with_adapt(config: lm.LMRunConfig, knobs: dict) -> lm.LMRunConfig:
-    return replace(config, method=replace(config.method, adapt=replace(config.method.adapt, **knobs)))
+def with_knobs(config: lm.LMRunConfig, knobs: dict) -> lm.LMRunConfig:
+    """`config` with "section.key" values set in its method config."""
+    method = config.method
+    for dotted, value in knobs.items():
+        section, key = dotted.split(".")
+        method = replace(method, **{section: replace(getattr(method, section), **{key: value})})
+    return replace(config, method=method)
 
 
 def choose_knobs(config: lm.LMRunConfig, actors: ActorCache) -> tuple[dict, list[dict]]:
@@ -69,7 +76,7 @@ def choose_knobs(config: lm.LMRunConfig, actors: ActorCache) -> tuple[dict, list
                   stream=replace(config.stream, seed=0, evaluate_on="dev"))
     tried = []
     for knobs in CANDIDATES:
-        run = lm.run(with_adapt(dev, knobs), actors=actors).metrics["runs"]["miita@8KiB"]
+        run = lm.run(with_knobs(dev, knobs), actors=actors).metrics["runs"]["miita@8KiB"]
         tried.append({**knobs, "dev_op": run["op"]})
     best = max(range(len(tried)), key=lambda i: (tried[i]["dev_op"], -i))
     return CANDIDATES[best], tried
@@ -122,12 +129,21 @@ def main() -> None:
         for name in chosen:
             config = base_config(available[name], args.tiny, args.out)
             knobs, tried = choose_knobs(config, actors)
-            config = with_adapt(replace(config, methods=tuple(args.methods), budgets=tuple(args.budgets)), knobs)
+            config = with_knobs(replace(config, methods=tuple(args.methods), budgets=tuple(args.budgets)), knobs)
             per_run: dict[str, list[dict]] = {}
             for seed in args.seeds:
-                metrics = lm.run(replace(config, seed=seed, stream=replace(config.stream, seed=seed)),
-                                 actors=actors).metrics
-                for run, r in metrics["runs"].items():
+                seeded = replace(config, seed=seed, stream=replace(config.stream, seed=seed))
+                others = tuple(m for m in seeded.methods if m != "miita-paper")
+                metrics = lm.run(replace(seeded, methods=others), actors=actors).metrics
+                runs = dict(metrics["runs"])
+                # miita-paper only at the budgets that hold one of its fp16 prototypes (2H + 2H + 4 bytes: 2,308 at
+                # SmolLM2's H = 576)
+                hidden = metrics["model"]["hidden"]
+                fits = tuple(b for b in seeded.budgets if b >= prototype_bytes(hidden, hidden, 1))
+                if "miita-paper" in seeded.methods and fits:
+                    paper = replace(seeded, methods=("miita-paper",), budgets=fits)
+                    runs |= lm.run(paper, actors=actors).metrics["runs"]
+                for run, r in runs.items():
                     per_run.setdefault(run, []).append(r)
             rows = {run: summarise(rs) for run, rs in per_run.items()}
             report[name] = {"knobs": knobs, "dev": tried, "rows": rows, "tasks": list(available[name].tasks)}

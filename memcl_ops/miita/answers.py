@@ -146,9 +146,10 @@ class AnswerMemory:
             keys = keys - self.centre_vector().to(keys.device)
         return normalize(keys, self.config.eps)
 
-    def _update_centre(self, key: torch.Tensor) -> None:
-        self.centre_count += 1
-        mean = self.centre_vector() + (key - self.centre_vector()) / self.centre_count
+    def update_centre(self, keys: torch.Tensor) -> None:
+        """Fold raw keys (N, H) into the running mean (then stored in int8)."""
+        mean = (self.centre_vector() * self.centre_count + keys.float().sum(dim=0)) / (self.centre_count + len(keys))
+        self.centre_count += len(keys)
         self.centre_scale = float(mean.abs().max()) / 127 or 1.0
         self.centre = np.round(mean.numpy() / self.centre_scale).astype(np.int8)
 
@@ -161,8 +162,9 @@ class AnswerMemory:
         return units, owner
 
     # ---------------------------------------------------------------- write
-    def write(self, key: torch.Tensor, answer_tokens: np.ndarray) -> WriteResult:
-        """One experience: its raw (unit) key and its answer's token ids (end-of-answer token last)."""
+    def write(self, key: torch.Tensor, answer_tokens: np.ndarray, centre: bool = True) -> WriteResult:
+        """One experience: its raw (unit) key and its answer's token ids (end-of-answer token last). The key joins
+        the running mean first unless `centre` is False (`write_batch` folds a whole batch in before writing it)."""
         key = torch.as_tensor(key).float().reshape(-1)
         if key.numel() != self.hidden or not torch.isfinite(key).all():
             raise ValueError(f"key must be {self.hidden} finite values, got {key.numel()} "
@@ -171,8 +173,8 @@ class AnswerMemory:
         if not len(tokens) or tokens.min() < 0 or tokens.max() >= self.vocab:
             raise ValueError(f"answer tokens must be 1+ ids in 0..{self.vocab - 1}, got {answer_tokens!r}")
         self.writes += 1
-        if self.config.centre_keys:
-            self._update_centre(key)
+        if self.config.centre_keys and centre:
+            self.update_centre(key.unsqueeze(0))
         unit = self.centred(key.unsqueeze(0))
         tokens = tokens.astype(self.tokens_dtype)
         j = self._by_answer.get(tokens.tobytes())
@@ -199,9 +201,13 @@ class AnswerMemory:
     def write_batch(self, extracted: pa.RecordBatch) -> dict[str, int]:
         """WRITE every row of a key/answer-token batch, in stream order; returns what the writes did."""
         keys = torch.from_numpy(S.column_matrix(extracted, S.KEY).copy())
+        if not torch.isfinite(keys).all():
+            raise ValueError("a key of the batch contains NaN or Inf")
+        if self.config.centre_keys:  # the batch's mean first: a stream's first key is not centred onto itself
+            self.update_centre(keys)
         outcome = {"new": 0, "merged": 0, "skipped": 0, "repairs": 0}
         for k, tokens in zip(keys, extracted.column(S.ANSWER_TOKENS).to_pylist()):
-            result = self.write(k, np.asarray(tokens))
+            result = self.write(k, np.asarray(tokens), centre=False)
             outcome[result.action] += 1
             outcome["repairs"] += result.repairs
         return outcome
