@@ -49,7 +49,10 @@ class MemoryConfig:
     # answer positions kept per prototype, the end-of-answer token included (memcl_ops/miita/answers.py); 0: the
     # paper's memory, one correction averaged over the answer (this module; `miita-paper`)
     positions: int = 8
-    centre_keys: bool = True  # position-aware: cosines on keys minus their running mean (the template dominates)
+    # position-aware: cosines on keys minus their running mean. Off: anchors centred at write time drift from
+    # queries centred at read time once later tasks move the mean (1-NN on a dev split 54 % against 62-71 % on raw
+    # keys, benchmarks/RESULTS.md); merging by answer tokens, not by key, already avoids what centring was for
+    centre_keys: bool = False
     anchor_code: Literal["sign", "int8", "float16"] = "sign"  # position-aware: H/8, H or 2H bytes per anchor
     min_correction_norm: float = 0.0  # ρ_min: skip writes whose ‖R_m‖ is below it (0: off)
     direction_merge: float = 0.8  # τ_d: merge into the nearest prototype when cos(d_m, d_j) ≥ τ_d

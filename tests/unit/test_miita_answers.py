@@ -11,7 +11,6 @@ from memcl_ops.miita.answers import (
     AnswerSteering,
     anchor_width,
     answer_prototype_bytes,
-    centre_bytes,
     decode_anchor,
     encode_anchor,
     flip_step,
@@ -113,11 +112,11 @@ def clustered_keys(rng: np.random.Generator, n: int, clusters: int, hidden: int,
     return normalize(torch.tensor(keys, dtype=torch.float32)), labels
 
 
-@pytest.mark.parametrize("code", ["sign", "int8"])
-def test_bytes_equal_the_stored_arrays_and_the_budget_holds_after_every_write(code):
+@pytest.mark.parametrize(("code", "centred"), [("sign", True), ("int8", True), ("sign", False)])
+def test_bytes_equal_the_stored_arrays_and_the_budget_holds_after_every_write(code, centred):
     rng = np.random.default_rng(2)
     hidden, vocab = 64, 1000
-    config = MemoryConfig(budget_bytes=900, positions=4, anchor_code=code)
+    config = MemoryConfig(budget_bytes=900, positions=4, anchor_code=code, centre_keys=centred)
     memory = AnswerMemory(hidden, vocab, config)
     keys, labels = clustered_keys(rng, 80, 6, hidden)
     for k, c in zip(keys, labels):
@@ -152,12 +151,12 @@ def test_centred_keys_make_sign_anchors_retrieve_over_seeded_trials():
 
 def test_repair_keeps_every_answer_it_can_afford():
     """Over budget, anchors of one answer merge before two answers do: with room for six one-anchor prototypes,
-    six well-separated answers all survive 120 writes."""
+    six well-separated answers all survive 120 writes (keys centred: the synthetic template would hide them)."""
     rng = np.random.default_rng(3)
     hidden, vocab = 64, 100
     one = answer_prototype_bytes(hidden, 2, 1, "sign")
     budget = centre_bytes(hidden) + 6 * one + anchor_width(hidden, "sign") - 1  # no room for a seventh anchor
-    memory = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=budget, positions=2))
+    memory = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=budget, positions=2, centre_keys=True))
     keys, labels = clustered_keys(rng, 120, 6, hidden)
     for k, c in zip(keys, labels):
         memory.write(k, np.array([int(c), 99]))
