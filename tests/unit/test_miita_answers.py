@@ -11,6 +11,7 @@ from memcl_ops.miita.answers import (
     AnswerSteering,
     anchor_width,
     answer_prototype_bytes,
+    centre_bytes,
     decode_anchor,
     encode_anchor,
     flip_step,
