@@ -39,8 +39,10 @@ from pipeline.actor_cache import ActorCache
 
 METHODS = ("base", "replay", "nearest-answer", "miita", "miita-paper", "miita-replay", "lora")
 BUDGETS = (2048, 4096, 8192, 16384)
-# MIITA's knobs chosen per stream on its dev split: answer positions kept, and whether keys are centred
+# MIITA's knobs chosen per stream on its dev split: answer positions kept, and whether keys are centred ("small":
+# the positions only, for the long SuperNI prompts)
 CANDIDATES = [{"memory.positions": p, "memory.centre_keys": c} for p in (2, 8, 32) for c in (False, True)]
+GRIDS = {"full": CANDIDATES, "small": [{"memory.positions": p, "memory.centre_keys": False} for p in (8, 32)]}
 
 
 def streams(tiny: bool) -> dict[str, LMStreamSpec]:
@@ -70,16 +72,16 @@ def with_knobs(config: lm.LMRunConfig, knobs: dict) -> lm.LMRunConfig:
     return replace(config, method=method)
 
 
-def choose_knobs(config: lm.LMRunConfig, actors: ActorCache) -> tuple[dict, list[dict]]:
+def choose_knobs(config: lm.LMRunConfig, actors: ActorCache, candidates: list[dict]) -> tuple[dict, list[dict]]:
     """The candidate with the best MIITA OP on the dev split (seed 0, 8 KiB); ties keep the earlier one."""
     dev = replace(config, seed=0, methods=("miita",), budgets=(8192,),
                   stream=replace(config.stream, seed=0, evaluate_on="dev"))
     tried = []
-    for knobs in CANDIDATES:
+    for knobs in candidates:
         run = lm.run(with_knobs(dev, knobs), actors=actors).metrics["runs"]["miita@8KiB"]
         tried.append({**knobs, "dev_op": run["op"]})
     best = max(range(len(tried)), key=lambda i: (tried[i]["dev_op"], -i))
-    return CANDIDATES[best], tried
+    return candidates[best], tried
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -115,6 +117,7 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--lora-seeds", type=int, nargs="*", default=[0], help="the seeds LoRA runs at")
+    parser.add_argument("--grid", choices=sorted(GRIDS), default="full", help="the dev candidates for MIITA's knobs")
     parser.add_argument("--tiny", action="store_true", help="a tiny random LM: checks the benchmark runs end to end")
     parser.add_argument("--out", default="runs/bench/miita_fair")
     args = parser.parse_args()
@@ -129,7 +132,7 @@ def main() -> None:
     try:
         for name in chosen:
             config = base_config(available[name], args.tiny, args.out)
-            knobs, tried = choose_knobs(config, actors)
+            knobs, tried = choose_knobs(config, actors, GRIDS[args.grid])
             config = with_knobs(replace(config, methods=tuple(args.methods), budgets=tuple(args.budgets)), knobs)
             per_run: dict[str, list[dict]] = {}
             for seed in args.seeds:
