@@ -93,8 +93,24 @@ def summarise(runs: list[dict]) -> dict:
             "op": stat([r["op"] for r in runs]), "bwt": stat([r["bwt"] for r in runs]),
             **{f"op_{k}": stat([r["scores"][k]["op"] for r in runs]) for k in lm.SCORES},
             **{k: stat([r["query_cost"][k] for r in runs]) for k in lm.QUERY_COST},
-            "bytes": stat([sum(v for k, v in r["memory_bytes"].items() if k in ("prototypes", "replay_text"))
+            # what the method keeps (LoRA: its adapter), not the recomputable replay keys or bookkeeping
+            "bytes": stat([sum(v for k, v in r["memory_bytes"].items() if k not in ("replay_keys", "bookkeeping"))
                            for r in runs])}
+
+
+def from_run_folders(out: Path) -> dict[str, list[dict]]:
+    """Every test run's metrics under `out` (the dev runs left out), by run name: what an interrupted benchmark
+    finished (`--summarise`)."""
+    import yaml
+
+    per_run: dict[str, list[dict]] = {}
+    for folder in sorted(p for p in out.iterdir() if (p / "config.yaml").is_file()):
+        if yaml.safe_load((folder / "config.yaml").read_text())["stream"].get("evaluate_on") == "dev":
+            continue
+        for path in sorted(folder.glob("runs/*/metrics.json")):
+            metrics = json.loads(path.read_text())
+            per_run.setdefault(metrics["run"], []).append(metrics)
+    return per_run
 
 
 def markdown(name: str, rows: dict[str, dict], knobs: dict) -> str:
@@ -120,7 +136,14 @@ def main() -> None:
     parser.add_argument("--grid", choices=sorted(GRIDS), default="full", help="the dev candidates for MIITA's knobs")
     parser.add_argument("--tiny", action="store_true", help="a tiny random LM: checks the benchmark runs end to end")
     parser.add_argument("--out", default="runs/bench/miita_fair")
+    parser.add_argument("--summarise", metavar="NAME", help="print the table of the runs finished under --out "
+                        "(e.g. after an interrupted benchmark) for stream NAME, run nothing")
     args = parser.parse_args()
+    if args.summarise:
+        per_run = from_run_folders(Path(args.out))
+        print(markdown(args.summarise, {run: summarise(rs) for run, rs in per_run.items()}, "see the dev runs"))
+        print("seeds per run: " + ", ".join(f"{run} {len(rs)}" for run, rs in per_run.items()))
+        return
     available = streams(args.tiny)
     chosen = args.streams or list(available)
     unknown = [s for s in chosen if s not in available]

@@ -33,3 +33,9 @@ def test_tiny_benchmark_chooses_on_dev_and_reports_costs(tmp_path):
         assert 0.0 <= r["op"][0] <= 1.0 and r["ms_per_query"][0] > 0, run
     assert rows["replay@512B"]["prompt_tokens"][0] > rows["base"]["prompt_tokens"][0]  # demonstrations are read
     assert rows["miita@512B"]["prompt_tokens"][0] == rows["base"]["prompt_tokens"][0]  # MIITA adds no prompt
+    # --summarise rebuilds the same table from the run folders, the dev runs left out
+    table = subprocess.run([sys.executable, "-m", "benchmarks.miita_fair", "--summarise", "partly", "--out",
+                            str(tmp_path)], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300).stdout
+    counts = table.split("seeds per run: ")[1].strip().split(", ")
+    assert sorted(counts) == sorted(f"{run} 1" for run in rows)
+    assert f"| miita@512B | {100 * rows['miita@512B']['op'][0]:.1f} ± 0.0 |" in table
