@@ -34,15 +34,22 @@ def smoothness_loss(h_tilde: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     return (h_tilde - target).pow(2).sum(dim=1).mean()
 
 
-def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """T² · KL(softmax(teacher/T) ‖ softmax(student/T)), averaged over rows (Hinton et al.)."""
+def _row_mean(rows: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    return rows.mean() if weights is None else weights @ rows
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
+            weights: torch.Tensor | None = None) -> torch.Tensor:
+    """T² · KL(softmax(teacher/T) ‖ softmax(student/T)), averaged over rows (Hinton et al.), or summed with
+    `weights` (one per row, summing to 1)."""
     t = temperature
     log_p_student = F.log_softmax(student_logits / t, dim=1)
     p_teacher = F.softmax(teacher_logits / t, dim=1)
-    return t * t * F.kl_div(log_p_student, p_teacher, reduction="batchmean")
+    return t * t * _row_mean(F.kl_div(log_p_student, p_teacher, reduction="none").sum(1), weights)
 
 
-def old_class_kd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def old_class_kd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
     """KD restricted to the teacher's (old) classes: the first `teacher_logits.shape[1]` columns.
 
     This is both L_LwF (on current inputs) and L_anchor (on anchor points) of DCDA stage 2.
@@ -50,10 +57,11 @@ def old_class_kd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tem
     old = teacher_logits.shape[1]
     if old == 0 or student_logits.shape[0] == 0:
         return student_logits.sum() * 0.0
-    return kd_loss(student_logits[:, :old], teacher_logits, temperature)
+    return kd_loss(student_logits[:, :old], teacher_logits, temperature, weights)
 
 
-def old_class_kd_full(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def old_class_kd_full(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
+                      weights: torch.Tensor | None = None) -> torch.Tensor:
     """KD of the student's full softmax (old and new classes) towards the teacher's old-class distribution,
     i.e. the teacher padded with zero probability for the new classes.
 
@@ -66,4 +74,4 @@ def old_class_kd_full(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     t = temperature
     p_teacher = F.softmax(teacher_logits / t, dim=1)
     log_p_student = F.log_softmax(student_logits / t, dim=1)[:, :old]
-    return t * t * (p_teacher * (torch.log(p_teacher.clamp_min(1e-12)) - log_p_student)).sum(1).mean()
+    return t * t * _row_mean((p_teacher * (torch.log(p_teacher.clamp_min(1e-12)) - log_p_student)).sum(1), weights)

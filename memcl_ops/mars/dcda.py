@@ -67,6 +67,10 @@ class Stage2Config:
     # of few epochs (tests/integration/test_methods_pipeline.py), 0.3 does not (benchmarks/RESULTS.md, "CE at the
     # class anchors").
     lambda_anchor_ce: float = 0.3
+    # How the anchor CE weighs its points: each point alike ("point"), or each old class alike, its weight split
+    # over its anchors by their routing mass ("class"), so a class that lives in one slot counts as much as one
+    # spread over thirty [R].
+    anchor_weighting: Literal["point", "class"] = "class"
 
 
 @dataclass
@@ -78,22 +82,23 @@ class Teacher:
     anchors: np.ndarray  # (A, D) anchor points a_i under memory_{t-1}
     anchor_logits: np.ndarray  # (A, C_old) g_{t-1}(a_i)
     anchor_labels: np.ndarray  # (A,) the class of each anchor point (-1: a slot anchor, no class of its own)
+    anchor_mass: np.ndarray  # (A,) the routing mass behind each class anchor (0 for a slot anchor)
 
     @classmethod
     @torch.no_grad()
     def snapshot(cls, router: SlotRouter | None, head: GrowingLinearHead,
-                 anchors: tuple[torch.Tensor, np.ndarray] | None = None) -> Teacher:
-        """The teacher at the end of a task; `anchors`: (points, their classes) other than the router's slot
-        anchors."""
+                 anchors: tuple[torch.Tensor, np.ndarray, np.ndarray] | None = None) -> Teacher:
+        """The teacher at the end of a task; `anchors`: (points, their classes, their masses) other than the
+        router's slot anchors."""
         if router is None:
             return cls({}, head.state(), np.zeros((0, head.feature_dim), np.float32),
-                       np.zeros((0, head.num_classes), np.float32), np.zeros(0, np.int64))
+                       np.zeros((0, head.num_classes), np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32))
         if anchors is None:
             points = router.anchors()[0]
-            anchors = points, np.full(len(points), -1, np.int64)
-        points, labels = anchors
+            anchors = points, np.full(len(points), -1, np.int64), np.zeros(len(points), np.float32)
+        points, labels, mass = anchors
         return cls(router.state(), head.state(), points.numpy().copy(), head(points).numpy().copy(),
-                   np.asarray(labels, np.int64).copy())
+                   np.asarray(labels, np.int64).copy(), np.asarray(mass, np.float32).copy())
 
     def head(self, feature_dim: int) -> GrowingLinearHead:
         head = GrowingLinearHead(feature_dim)
@@ -108,14 +113,16 @@ class Teacher:
     def state(self) -> dict[str, np.ndarray]:
         out = {f"router.{k}": v for k, v in self.router_state.items()}
         out.update({f"head.{k}": v for k, v in self.head_state.items()})
-        out.update(anchors=self.anchors, anchor_logits=self.anchor_logits, anchor_labels=self.anchor_labels)
+        out.update(anchors=self.anchors, anchor_logits=self.anchor_logits, anchor_labels=self.anchor_labels,
+                   anchor_mass=self.anchor_mass)
         return out
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> Teacher:
         def part(prefix: str) -> dict[str, np.ndarray]:
             return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        return cls(part("router."), part("head."), state["anchors"], state["anchor_logits"], state["anchor_labels"])
+        return cls(part("router."), part("head."), state["anchors"], state["anchor_logits"], state["anchor_labels"],
+                   state["anchor_mass"])
 
 
 class ClassAnchors:
@@ -148,11 +155,12 @@ class ClassAnchors:
         self.sums, self.mass, self.classes = sums, mass, classes
 
     @torch.no_grad()
-    def points(self, router: SlotRouter) -> tuple[torch.Tensor, np.ndarray]:
-        """(the anchor points, the class of each)."""
+    def points(self, router: SlotRouter) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """(the anchor points, the class of each, the routing mass behind each)."""
         slot, column = torch.nonzero(self.mass >= 1.0, as_tuple=True)
-        mean = self.sums[slot, column] / self.mass[slot, column].unsqueeze(1)
-        return router.gamma[slot] * mean + router.beta[slot], self.classes[column.numpy()]
+        mass = self.mass[slot, column]
+        mean = self.sums[slot, column] / mass.unsqueeze(1)
+        return router.gamma[slot] * mean + router.beta[slot], self.classes[column.numpy()], mass.numpy()
 
     def state(self) -> dict[str, np.ndarray]:
         return {"sums": self.sums.numpy().copy(), "mass": self.mass.numpy().copy(), "classes": self.classes.copy()}
@@ -160,6 +168,16 @@ class ClassAnchors:
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.sums, self.mass = torch.from_numpy(np.array(state["sums"])), torch.from_numpy(np.array(state["mass"]))
         self.classes = np.array(state["classes"], np.int64)
+
+
+def class_weights(labels: np.ndarray, mass: np.ndarray, weighting: str) -> torch.Tensor:
+    """Weights summing to 1 over anchor points: uniform ("point"), or uniform over classes and, within a class,
+    proportional to each point's mass ("class")."""
+    if weighting == "point" or not len(labels):
+        return torch.full((len(labels),), 1.0 / max(len(labels), 1))
+    _, inverse = np.unique(labels, return_inverse=True)
+    share = mass / np.bincount(inverse, weights=mass)[inverse]
+    return torch.as_tensor(share / (inverse.max() + 1), dtype=torch.float32)
 
 
 def train_stage1(router: SlotRouter, features: torch.Tensor, labels: torch.Tensor,
@@ -201,7 +219,7 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
         if config.ce_scope == "current":
             ce_columns = torch.unique(targets)
             targets = torch.searchsorted(ce_columns, targets)
-        lwf_logits = anchors = anchor_logits = anchor_targets = None
+        lwf_logits = anchors = anchor_logits = anchor_targets = kd_weight = None
         if teacher is not None and teacher.head_state["classes"].size:
             old_head = teacher.head(head.feature_dim)
             teacher_router = router if config.lwf_teacher_memory == "current" else teacher.router(router)
@@ -211,6 +229,10 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
             has_class = teacher.anchor_labels >= 0
             labelled = torch.from_numpy(has_class)
             anchor_targets = head.columns(torch.from_numpy(teacher.anchor_labels[has_class]))
+            weight = class_weights(teacher.anchor_labels[has_class], teacher.anchor_mass[has_class],
+                                   config.anchor_weighting)
+            # the KD's points weighed the same way when every anchor has a class (slot anchors: uniform)
+            kd_weight = weight if config.anchor_weighting == "class" and has_class.all() else None
     T = config.temperature
     anchor_kd = old_class_kd_full if config.anchor_scope == "all" else old_class_kd
 
@@ -222,9 +244,10 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
             loss = loss + config.lambda_lwf * old_class_kd(logits, lwf_logits[idx], T)
         if anchors is not None and len(anchors) and (config.lambda_anchor or config.lambda_anchor_ce):
             anchor_out = head(anchors)
-            loss = loss + config.lambda_anchor * anchor_kd(anchor_out, anchor_logits, T)
+            loss = loss + config.lambda_anchor * anchor_kd(anchor_out, anchor_logits, T, kd_weight)
             if config.lambda_anchor_ce and len(anchor_targets):
-                loss = loss + config.lambda_anchor_ce * F.cross_entropy(anchor_out[labelled], anchor_targets)
+                ce = F.cross_entropy(anchor_out[labelled], anchor_targets, reduction="none")
+                loss = loss + config.lambda_anchor_ce * (weight @ ce)
         if extra_loss is not None:
             loss = loss + extra_loss(idx)
         return loss

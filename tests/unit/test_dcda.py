@@ -2,7 +2,8 @@ import numpy as np
 import torch
 
 from memcl_ops.losses import smoothness_loss, supcon_loss
-from memcl_ops.mars.dcda import ClassAnchors, Stage1Config, Stage2Config, Teacher, train_stage1, train_stage2
+from memcl_ops.mars.dcda import (ClassAnchors, Stage1Config, Stage2Config, Teacher, class_weights, train_stage1,
+                                 train_stage2)
 from memcl_ops.mars.head import DistillHead
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
@@ -149,7 +150,7 @@ def test_class_anchors_are_routing_weighted_class_means_through_each_slot():
     x, y = torch.cat([x1, x2]), torch.cat([y1, y2])
     with torch.no_grad():
         probs = torch.cat([first, router.route(x2)[1]])
-        expected, expected_classes = [], []
+        expected, expected_classes, expected_mass = [], [], []
         for slot in range(router.num_slots):
             for c in np.unique(y.numpy()):
                 p = probs[y == c, slot]
@@ -157,10 +158,12 @@ def test_class_anchors_are_routing_weighted_class_means_through_each_slot():
                     mean = (p[:, None] * layer_norm(x[y == c])).sum(0) / p.sum()
                     expected.append(router.gamma[slot] * mean + router.beta[slot])
                     expected_classes.append(c)
-        points, classes = anchors.points(router)
+                    expected_mass.append(float(p.sum()))
+        points, classes, mass = anchors.points(router)
     assert 4 < len(expected) < router.num_slots * 5  # some pairs are below the mass floor, several are above
     np.testing.assert_allclose(points.numpy(), torch.stack(expected).numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(classes, expected_classes)
+    np.testing.assert_allclose(mass, expected_mass, rtol=1e-5)
 
 
 def test_anchor_ce_keeps_old_classes_that_new_class_ce_alone_loses():
@@ -189,3 +192,48 @@ def test_anchor_ce_keeps_old_classes_that_new_class_ce_alone_loses():
     assert np.median(kept) > 0.9 and np.median(kept) - np.median(lost) > 0.25, (kept, lost)
     assert sum(k > f for k, f in zip(kept, lost)) >= 9
     assert np.median(new) > 0.9
+
+
+def test_class_weights_give_each_class_one_share_split_by_mass():
+    labels = np.array([4, 4, 4, 9, 2, 2])
+    mass = np.array([1.0, 2.0, 1.0, 50.0, 3.0, 1.0], np.float32)
+    weights = class_weights(labels, mass, "class").numpy()
+    for c in (4, 9, 2):
+        assert abs(weights[labels == c].sum() - 1 / 3) < 1e-6
+    np.testing.assert_allclose(weights[labels == 4], np.array([1, 2, 1]) / 4 / 3, rtol=1e-6)
+    np.testing.assert_allclose(class_weights(labels, mass, "point").numpy(), np.full(6, 1 / 6), rtol=1e-6)
+
+
+def test_class_weighted_anchor_ce_keeps_a_class_held_by_one_anchor_beside_a_new_class():
+    """Old class 0 lives in one anchor point, old class 1 in thirty; the new task brings class 2 two units from class
+    0's mean. Weighing the anchor CE per point gives class 0 1/31 of it and the new class takes its region; per
+    class (by mass) it keeps half, and both class 0 and the new class are recognised, over 10 seeded problems."""
+    def trial(seed, weighting):
+        gen = torch.Generator().manual_seed(seed)
+        dim = 8
+        means = torch.randn(4, dim, generator=gen) * 3
+        means[2] = means[0] + 2.0 * torch.nn.functional.normalize(torch.randn(dim, generator=gen), dim=0)
+
+        def draw(c, n):
+            return means[c] + 0.5 * torch.randn(n, dim, generator=gen)
+
+        config = Stage2Config(optim=OptimConfig(epochs=60, lr=1e-2), lambda_lwf=0.0, lambda_anchor=0.0,
+                              lambda_anchor_ce=1.0, anchor_weighting=weighting)
+        head = GrowingLinearHead(dim)
+        x_old, y_old = torch.cat([draw(0, 60), draw(1, 60)]), torch.tensor([0] * 60 + [1] * 60)
+        head.grow(y_old)
+        train_stage2(head, None, x_old, y_old, None, config, seed=seed)
+        points = torch.cat([means[:1], means[1] + 0.3 * torch.randn(30, dim, generator=gen)])
+        with torch.no_grad():
+            teacher = Teacher({}, head.state(), points.numpy(), head(points).numpy(), np.array([0] + [1] * 30),
+                              np.array([60.0] + [2.0] * 30, np.float32))
+        x_new, y_new = torch.cat([draw(2, 60), draw(3, 60)]), torch.tensor([2] * 60 + [3] * 60)
+        head.grow(y_new)
+        train_stage2(head, None, x_new, y_new, teacher, config, seed=seed)
+        return float((head.predict(draw(0, 100)) == 0).mean()), float((head.predict(draw(2, 100)) == 2).mean())
+
+    by_point = np.array([trial(seed, "point") for seed in range(10)])
+    by_class = np.array([trial(seed, "class") for seed in range(10)])
+    assert np.median(by_point[:, 0]) < 0.2 and np.median(by_class[:, 0]) > 0.8, (by_point, by_class)
+    assert (by_class[:, 0] > by_point[:, 0]).sum() >= 9
+    assert np.median(by_class[:, 1]) > 0.8  # the new class is learned too

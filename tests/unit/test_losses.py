@@ -3,7 +3,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.losses import kd_loss, old_class_kd, smoothness_loss, supcon_loss
+from memcl_ops.losses import kd_loss, old_class_kd, old_class_kd_full, smoothness_loss, supcon_loss
 
 
 def supcon_reference(features, labels, temperature):
@@ -59,3 +59,13 @@ def test_old_class_kd_uses_only_old_columns():
 def test_smoothness():
     a, b = torch.zeros(2, 3), torch.ones(2, 3)
     assert float(smoothness_loss(a, b)) == 3.0
+
+
+def test_weighted_kd_is_the_weighted_mean_of_the_rows_kd():
+    gen = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(5, 6, generator=gen), torch.randn(5, 4, generator=gen)
+    weights = torch.tensor([0.1, 0.4, 0.0, 0.3, 0.2])
+    for kd in (old_class_kd, old_class_kd_full):
+        rows = torch.stack([kd(student[i:i + 1], teacher[i:i + 1], 3.0) for i in range(5)])
+        assert torch.allclose(kd(student, teacher, 3.0, weights), weights @ rows, atol=1e-6)
+        assert torch.allclose(kd(student, teacher, 3.0), rows.mean(), atol=1e-6)
