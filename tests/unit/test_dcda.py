@@ -2,8 +2,15 @@ import numpy as np
 import torch
 
 from memcl_ops.losses import smoothness_loss, supcon_loss
-from memcl_ops.mars.dcda import (ClassAnchors, Stage1Config, Stage2Config, Teacher, class_weights, train_stage1,
-                                 train_stage2)
+from memcl_ops.mars.dcda import (
+    ClassAnchors,
+    Stage1Config,
+    Stage2Config,
+    Teacher,
+    class_weights,
+    train_stage1,
+    train_stage2,
+)
 from memcl_ops.mars.head import DistillHead
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
