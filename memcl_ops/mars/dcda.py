@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from memcl_ops.losses import old_class_kd, old_class_kd_full, smoothness_loss, supcon_loss
-from memcl_ops.mars.router import SlotRouter
+from memcl_ops.mars.router import RouterOutput, SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.tensors import layer_norm
 from memcl_ops.training import OptimConfig, optimize
@@ -136,7 +136,9 @@ class ClassAnchors:
         self.classes = np.zeros(0, np.int64)
 
     @torch.no_grad()
-    def add(self, router: SlotRouter, features: torch.Tensor, labels: torch.Tensor) -> None:
+    def add(self, router: SlotRouter, features: torch.Tensor, labels: torch.Tensor,
+            routed: RouterOutput | None = None) -> None:
+        """`routed`: `router(features)` if the caller has it already."""
         labels = labels.numpy()
         classes = np.union1d(self.classes, labels)
         slots = router.num_slots
@@ -145,8 +147,8 @@ class ClassAnchors:
         old = torch.from_numpy(np.searchsorted(classes, self.classes))
         sums[:self.sums.shape[0], old] = self.sums  # slots only grow
         mass[:self.mass.shape[0], old] = self.mass
-        _, probs = router.route(features)
-        ln_h = layer_norm(features)
+        routed = router(features) if routed is None else routed
+        probs, ln_h = routed.probs, routed.ln_h
         for c in np.unique(labels):  # one (S x n_c) @ (n_c x D) product per class of the block
             rows = torch.from_numpy(labels == c)
             column = int(np.searchsorted(classes, c))
@@ -206,15 +208,18 @@ def apply_memory(router: SlotRouter | None, h: torch.Tensor) -> torch.Tensor:
 
 def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: torch.Tensor, labels: torch.Tensor,
                  teacher: Teacher | None, config: Stage2Config = Stage2Config(), *, seed: int = 0,
-                 extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[float]:
+                 extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 routed: RouterOutput | None = None) -> list[float]:
     """Train the classifier in place on h̃ of the frozen memory; returns the mean loss per epoch.
 
     The head must already have columns for `labels` (`head.grow`). `extra_loss(minibatch indices)` is added to
     every minibatch's loss: the hook through which the baselines add their own term (EWC's penalty, DER++'s
-    replay) to the same CE objective and loop.
+    replay) to the same CE objective and loop. `routed`: `router(features)` if the caller has it already.
     """
     with torch.no_grad():
-        h_tilde = apply_memory(router, features)
+        if router is not None and routed is None:
+            routed = router(features)
+        h_tilde = features if router is None else routed.h_tilde
         targets = head.columns(labels)
         if config.ce_scope == "current":
             ce_columns = torch.unique(targets)
@@ -223,7 +228,11 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
         if teacher is not None and teacher.head_state["classes"].size:
             old_head = teacher.head(head.feature_dim)
             teacher_router = router if config.lwf_teacher_memory == "current" else teacher.router(router)
-            lwf_logits = old_head(apply_memory(teacher_router, features))
+            if teacher_router is not None and torch.equal(teacher_router.w_q, router.w_q):
+                # W_q unchanged since the teacher (stage 1 keeps it by default): its queries are the current ones
+                lwf_logits = old_head(teacher_router(None, routed.ln_h, routed.query).h_tilde)
+            else:
+                lwf_logits = old_head(apply_memory(teacher_router, features))
             anchors = torch.as_tensor(teacher.anchors)
             anchor_logits = torch.as_tensor(teacher.anchor_logits)
             has_class = teacher.anchor_labels >= 0

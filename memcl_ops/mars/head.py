@@ -33,11 +33,13 @@ class DistillHead:
         return bool(self.config.lambda_lwf or self.config.lambda_anchor or self.config.lambda_anchor_ce)
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+        with torch.no_grad():  # routed once for the anchors and stage 2
+            routed = memory(features) if memory is not None else None
         if self.class_anchors is not None and memory is not None:
-            self.class_anchors.add(memory, features, labels)
+            self.class_anchors.add(memory, features, labels, routed)
         self.head.grow(labels)
         history = train_stage2(self.head, memory, features, labels, self.teacher, self.config,
-                               seed=self.seed * 100_003 + self.fits)
+                               seed=self.seed * 100_003 + self.fits, routed=routed)
         self.fits += 1
         return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
 
