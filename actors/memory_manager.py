@@ -148,11 +148,15 @@ class MemoryManager:
             self.learned.append(S.sample_ids_to_numpy(pairs))
             return len(self.replay)
 
-    def write_both(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch, above_nll: float) -> dict[str, int]:
-        """`miita-replay`: every row as a prototype, the rows the frozen model finds hard also as demonstrations."""
+    def write_both(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch, above_nll: float,
+                   total_budget: int | None = None) -> dict[str, int]:
+        """`miita-replay`: every row as a prototype, the rows the frozen model finds hard also as demonstrations;
+        with `total_budget` (prototypes first) the demonstrations hold what the prototypes leave of it."""
         with self.clock.time("prototypes"):
             outcome = self.prototypes.write_batch(extracted)
         with self.clock.time("replay"):
+            if total_budget is not None:
+                self.replay.limit(total_budget - self.prototypes.nbytes())
             add_examples(self.replay, pairs, extracted, above_nll)
         self.learned.append(S.sample_ids_to_numpy(pairs))
         return {**outcome, "stored": len(self.replay)}

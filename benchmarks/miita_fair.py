@@ -84,6 +84,20 @@ def choose_knobs(config: lm.LMRunConfig, actors: ActorCache, candidates: list[di
     return candidates[best], tried
 
 
+def given_knobs(pairs: list[str]) -> dict:
+    """`--knob section.key=value` pairs, the values read as JSON where they parse (2, false) and as text otherwise."""
+    knobs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key.count(".") != 1:
+            raise SystemExit(f"miita_fair: --knob wants SECTION.KEY=VALUE, got {pair!r}")
+        try:
+            knobs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            knobs[key] = value
+    return knobs
+
+
 def summarise(runs: list[dict]) -> dict:
     """Mean and std over seeds of one (method, budget)'s scores."""
     def stat(values: list[float]) -> list[float]:
@@ -134,6 +148,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--lora-seeds", type=int, nargs="*", default=[0], help="the seeds LoRA runs at")
     parser.add_argument("--grid", choices=sorted(GRIDS), default="full", help="the dev candidates for MIITA's knobs")
+    parser.add_argument("--knob", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="MIITA's knobs as an earlier dev grid chose them (e.g. memory.positions=2): no dev runs")
     parser.add_argument("--tiny", action="store_true", help="a tiny random LM: checks the benchmark runs end to end")
     parser.add_argument("--out", default="runs/bench/miita_fair")
     parser.add_argument("--summarise", metavar="NAME", help="print the table of the runs finished under --out "
@@ -155,7 +171,10 @@ def main() -> None:
     try:
         for name in chosen:
             config = base_config(available[name], args.tiny, args.out)
-            knobs, tried = choose_knobs(config, actors, GRIDS[args.grid])
+            if args.knob:
+                knobs, tried = given_knobs(args.knob), []
+            else:
+                knobs, tried = choose_knobs(config, actors, GRIDS[args.grid])
             config = with_knobs(replace(config, methods=tuple(args.methods), budgets=tuple(args.budgets)), knobs)
             per_run: dict[str, list[dict]] = {}
             for seed in args.seeds:

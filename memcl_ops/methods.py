@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticLearner
 from memcl_ops.baselines.heads import DERppConfig, DERppHead, EWCConfig, EWCHead, JointHead, NearestMeanHead
@@ -123,7 +124,11 @@ class MethodSpec:
 class HybridConfig:
     """`miita-replay`: one byte budget, split between MIITA's prototypes and replayed demonstrations [R]."""
 
-    direction_share: float = 0.5  # of the budget for the prototypes; the rest holds demonstrations
+    # "prototypes-first": the prototypes may take the whole budget (repair keeps them inside it) and the
+    # demonstrations hold what they leave, re-limited after every write, so at a tight budget miita-replay is miita
+    # and demonstrations come in as the budget loosens; "share": a fixed `direction_share` of the budget each.
+    split: Literal["prototypes-first", "share"] = "prototypes-first"
+    direction_share: float = 0.5  # "share": of the budget for the prototypes; the rest holds demonstrations
     # an example is also kept as a demonstration only when the frozen model's mean answer NLL exceeds this (what it
     # cannot do; 0: every example); every example is written as a prototype (~90 bytes)
     demonstrate_above_nll: float = 0.0
@@ -133,7 +138,9 @@ class HybridConfig:
             raise ValueError(f"direction_share must be in (0, 1), got {self.direction_share}")
 
     def budgets(self, total: int) -> tuple[int, int]:
-        """(prototype bytes, demonstration bytes) of a total budget."""
+        """(prototype bytes, the most demonstration bytes) of a total budget."""
+        if self.split == "prototypes-first":
+            return total, total
         prototypes = int(total * self.direction_share)
         return prototypes, total - prototypes
 

@@ -211,7 +211,9 @@ class LMPipeline:
         for i, pairs in enumerate(ctx.train[task]):
             extracted = ctx.extraction(task, i)
             if self.prototypes and self.demonstrations:
-                calls.append(memory.write_both.remote(pairs, extracted, self.method.hybrid.demonstrate_above_nll))
+                hybrid = self.method.hybrid
+                total = self.spec.budget if hybrid.split == "prototypes-first" else None
+                calls.append(memory.write_both.remote(pairs, extracted, hybrid.demonstrate_above_nll, total))
             elif self.prototypes:
                 calls.append(memory.write_prototypes.remote(extracted))
             else:

@@ -45,6 +45,7 @@ def text_bytes(prompt: str, answer: str) -> int:
 class TextReplayBuffer:
     def __init__(self, key_dim: int, config: ReplayConfig = ReplayConfig()):
         self.key_dim, self.config = key_dim, config
+        self.budget = config.budget_bytes  # bytes of text it may hold now (`limit` lowers it beside prototypes)
         self.prompts: list[str] = []
         self.answers: list[str] = []
         self.tasks: list[int] = []
@@ -62,7 +63,7 @@ class TextReplayBuffer:
 
     def add(self, prompt: str, answer: str, task: int, key: torch.Tensor) -> None:
         self.seen += 1
-        if text_bytes(prompt, answer) > self.config.budget_bytes:
+        if text_bytes(prompt, answer) > self.budget:
             self.too_large += 1
             return
         key = torch.as_tensor(key, dtype=torch.float32).reshape(1, -1)
@@ -72,7 +73,13 @@ class TextReplayBuffer:
         self.answers.append(answer)
         self.tasks.append(int(task))
         self.keys = torch.cat([self.keys, normalize(key)])
-        while self.nbytes() > self.config.budget_bytes:
+        while self.nbytes() > self.budget:
+            self._evict()
+
+    def limit(self, budget: int) -> None:
+        """Hold at most `budget` bytes (at most the configured budget) from now on, evicting until it fits."""
+        self.budget = max(0, min(int(budget), self.config.budget_bytes))
+        while self.nbytes() > self.budget:
             self._evict()
 
     def _evict(self) -> None:
@@ -99,7 +106,7 @@ class TextReplayBuffer:
         return {"prompts": np.array(self.prompts, dtype=np.str_), "answers": np.array(self.answers, dtype=np.str_),
                 "tasks": np.array(self.tasks, dtype=np.int64), "keys": self.keys.numpy().copy(),
                 "rng": np.array(json.dumps(self.rng.bit_generator.state)),
-                "counters": np.array([self.seen, self.evicted, self.too_large], dtype=np.int64)}
+                "counters": np.array([self.seen, self.evicted, self.too_large, self.budget], dtype=np.int64)}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.prompts = [str(p) for p in state["prompts"]]
@@ -107,7 +114,7 @@ class TextReplayBuffer:
         self.tasks = [int(t) for t in state["tasks"]]
         self.keys = torch.from_numpy(np.array(state["keys"], dtype=np.float32)).reshape(-1, self.key_dim)
         self.rng.bit_generator.state = json.loads(str(state["rng"]))
-        self.seen, self.evicted, self.too_large = (int(x) for x in state["counters"])
+        self.seen, self.evicted, self.too_large, self.budget = (int(x) for x in state["counters"])
 
 
 def add_examples(buffer: TextReplayBuffer, pairs: pa.RecordBatch, extracted: pa.RecordBatch,

@@ -26,7 +26,7 @@ class MIITALearner(FrozenLM):
                  seed: int = 0):
         config = spec.resolve_lm(config)
         super().__init__(spec, config, lm, max_new_tokens, seed)
-        self.replay = None
+        self.replay, self.budget = None, budget
         if "demonstrations" in spec.tags:
             budget, shown = config.hybrid.budgets(budget)
             self.replay = TextReplayBuffer(self.lm.hidden_size, replace(config.replay, budget_bytes=shown))
@@ -37,6 +37,8 @@ class MIITALearner(FrozenLM):
         extracted = extract_directions(self.lm, batch)
         self.memory.write_batch(extracted)
         if self.replay is not None:
+            if self.config.hybrid.split == "prototypes-first":  # demonstrations hold what the prototypes leave
+                self.replay.limit(self.budget - self.memory.nbytes())
             add_examples(self.replay, batch, extracted, self.config.hybrid.demonstrate_above_nll)
 
     def generate(self, prompts: list[str]) -> list[str]:

@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from memcl_ops.arrow import schema as S
 from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, text_bytes
+from memcl_ops.data.lm_tasks import LMStreamSpec, build_stream
+from memcl_ops.methods import LMMethodConfig, build_learner
+from memcl_ops.models.causal_lm import LMSpec
 
 
 def examples(seed: int, tasks: int = 3, per_task: int = 40):
@@ -65,3 +69,55 @@ def test_bad_input_is_refused():
         ReplayConfig(budget_bytes=0)
     with pytest.raises(ValueError, match="key has 3 values"):
         TextReplayBuffer(2).add("p", "a", 0, torch.ones(3))
+
+
+def test_limit_evicts_until_the_new_budget_holds_and_refuses_what_no_longer_fits():
+    buffer = TextReplayBuffer(8, ReplayConfig(budget_bytes=2000, seed=1))
+    for prompt, answer, task, key in examples(1):
+        buffer.add(prompt, answer, task, key)
+    assert buffer.nbytes() > 1000
+    buffer.limit(1000)
+    assert 0 < buffer.nbytes() <= 1000
+    buffer.limit(5000)  # never above the configured budget
+    assert buffer.budget == 2000
+    buffer.limit(-3)
+    assert len(buffer) == 0
+    buffer.add("p", "a", 0, torch.ones(8))
+    assert len(buffer) == 0 and buffer.too_large == 1
+    restored = TextReplayBuffer(8, ReplayConfig(budget_bytes=2000, seed=1))
+    restored.restore(buffer.state())
+    assert restored.budget == 0
+
+
+def _text_pairs(tasks: int, per_task: int):
+    built = build_stream(LMStreamSpec(tasks=("word-code", "last-letter")[:tasks], train_per_task=per_task,
+                                      test_per_task=1))
+    ids = 0
+    for t, task in enumerate(built):
+        for start in range(0, per_task, 4):
+            chunk = task.train[start:start + 4]
+            yield S.text_pair_batch(np.arange(ids, ids + len(chunk)), [p.prompt for p in chunk],
+                                    [p.answer for p in chunk], task_ids=np.full(len(chunk), t))
+            ids += len(chunk)
+
+
+@pytest.mark.parametrize("budget", [160, 700, 65536])
+def test_miita_replay_demonstrations_hold_what_the_prototypes_leave(budget):
+    """Prototypes first: the prototypes are exactly `miita`'s at the same budget, and after every write the
+    demonstrations may hold what they leave, so the two stay within the budget together; a budget that holds
+    everything keeps every example as a demonstration too."""
+    def learner(name):
+        return build_learner(name, LMMethodConfig(), lm=LMSpec(name="tiny:llama"), budget=budget, max_new_tokens=2)
+
+    both, alone = learner("miita-replay"), learner("miita")
+    seen = 0
+    for batch in _text_pairs(2, 8):
+        both.observe(batch)
+        alone.observe(batch)
+        seen += batch.num_rows
+        used = both.memory_bytes()
+        assert used["prototypes"] + used["replay_text"] <= budget, used
+        assert both.replay.budget == budget - used["prototypes"]
+        for key, value in alone.memory.state().items():
+            np.testing.assert_array_equal(both.memory.state()[key], value)
+    assert (len(both.replay) == seen) == (budget == 65536), len(both.replay)
