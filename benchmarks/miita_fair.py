@@ -85,7 +85,7 @@ def choose_knobs(config: lm.LMRunConfig, actors: ActorCache, candidates: list[di
 
 
 def given_knobs(pairs: list[str]) -> dict:
-    """`--knob section.key=value` pairs, the values read as JSON where they parse (2, false) and as text otherwise."""
+    """`--knob section.key=value` pairs, each value JSON (2, false, "text")."""
     knobs = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -94,7 +94,7 @@ def given_knobs(pairs: list[str]) -> dict:
         try:
             knobs[key] = json.loads(value)
         except json.JSONDecodeError:
-            knobs[key] = value
+            raise SystemExit(f"miita_fair: --knob {key}: {value!r} is not JSON (e.g. 2, false, \"text\")") from None
     return knobs
 
 
@@ -165,6 +165,8 @@ def main() -> None:
     unknown = [s for s in chosen if s not in available]
     if unknown:
         parser.error(f"unknown stream(s) {unknown}; known: {list(available)}")
+    if args.knob and len(chosen) != 1:
+        parser.error("--knob gives one stream's knobs (the dev grid chooses them per stream): name one --streams")
     report: dict[str, dict] = {}
     actors = ActorCache()
     started = time.perf_counter()
@@ -194,7 +196,8 @@ def main() -> None:
                 for run, r in runs.items():
                     per_run.setdefault(run, []).append(r)
             rows = {run: summarise(rs) for run, rs in per_run.items()}
-            report[name] = {"knobs": knobs, "dev": tried, "rows": rows, "tasks": list(available[name].tasks)}
+            report[name] = {"knobs": knobs, "knobs_given": bool(args.knob), "dev": tried, "rows": rows,
+                            "tasks": list(available[name].tasks)}
             print(markdown(name, rows, knobs), flush=True)
             print(flush=True)
     finally:

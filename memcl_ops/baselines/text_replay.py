@@ -10,7 +10,8 @@ recomputed from the text at any time; they are cached only to save that forward 
 
 Eviction when a write exceeds the budget [R]: drop a random example of the task holding the most bytes, so the
 buffer stays balanced over tasks (class-balanced rehearsal buffers in the style of GDumb/ER); an example larger
-than the whole budget is not stored.
+than the budget is not stored (`too_large`). Beside MIITA's prototypes (`miita-replay`) the budget is what the
+prototypes leave (`limit`), so there an example can also be refused because the prototypes took the room.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class TextReplayBuffer:
         return {"prompts": np.array(self.prompts, dtype=np.str_), "answers": np.array(self.answers, dtype=np.str_),
                 "tasks": np.array(self.tasks, dtype=np.int64), "keys": self.keys.numpy().copy(),
                 "rng": np.array(json.dumps(self.rng.bit_generator.state)),
-                "counters": np.array([self.seen, self.evicted, self.too_large, self.budget], dtype=np.int64)}
+                "counters": np.array([self.seen, self.evicted, self.too_large], dtype=np.int64),
+                "budget": np.array(self.budget, dtype=np.int64)}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.prompts = [str(p) for p in state["prompts"]]
@@ -114,7 +116,8 @@ class TextReplayBuffer:
         self.tasks = [int(t) for t in state["tasks"]]
         self.keys = torch.from_numpy(np.array(state["keys"], dtype=np.float32)).reshape(-1, self.key_dim)
         self.rng.bit_generator.state = json.loads(str(state["rng"]))
-        self.seen, self.evicted, self.too_large, self.budget = (int(x) for x in state["counters"])
+        self.seen, self.evicted, self.too_large = (int(x) for x in state["counters"])
+        self.budget = int(state["budget"])
 
 
 def add_examples(buffer: TextReplayBuffer, pairs: pa.RecordBatch, extracted: pa.RecordBatch,

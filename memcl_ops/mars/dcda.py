@@ -67,9 +67,9 @@ class Stage2Config:
     # of few epochs (tests/integration/test_methods_pipeline.py), 0.3 does not (benchmarks/RESULTS.md, "CE at the
     # class anchors").
     lambda_anchor_ce: float = 0.3
-    # How the anchor CE weighs its points: each point alike ("point"), or each old class alike, its weight split
-    # over its anchors by their routing mass ("class"), so a class that lives in one slot counts as much as one
-    # spread over thirty [R].
+    # How the anchor CE and KD weigh their points: each point alike ("point"), or each old class alike, its weight
+    # split over its anchors by their routing mass ("class"), so a class that lives in one slot counts as much as
+    # one spread over thirty [R]. (Slot anchors have no class: their KD stays uniform.)
     anchor_weighting: Literal["point", "class"] = "class"
 
 
@@ -172,13 +172,18 @@ class ClassAnchors:
         self.classes = np.array(state["classes"], np.int64)
 
 
-def class_weights(labels: np.ndarray, mass: np.ndarray, weighting: str) -> torch.Tensor:
-    """Weights summing to 1 over anchor points: uniform ("point"), or uniform over classes and, within a class,
+def anchor_point_weights(labels: np.ndarray, mass: np.ndarray, weighting: str) -> torch.Tensor:
+    """One weight per anchor point, summing to 1: uniform ("point"), or uniform over classes and, within a class,
     proportional to each point's mass ("class")."""
+    if weighting not in ("point", "class"):
+        raise ValueError(f"anchor_weighting must be 'point' or 'class', got {weighting!r}")
     if weighting == "point" or not len(labels):
         return torch.full((len(labels),), 1.0 / max(len(labels), 1))
     _, inverse = np.unique(labels, return_inverse=True)
-    share = mass / np.bincount(inverse, weights=mass)[inverse]
+    total = np.bincount(inverse, weights=mass)
+    if not (total > 0).all():
+        raise ValueError("every class anchor needs a positive routing mass to be weighed per class")
+    share = mass / total[inverse]
     return torch.as_tensor(share / (inverse.max() + 1), dtype=torch.float32)
 
 
@@ -227,8 +232,10 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
         lwf_logits = anchors = anchor_logits = anchor_targets = kd_weight = None
         if teacher is not None and teacher.head_state["classes"].size:
             old_head = teacher.head(head.feature_dim)
-            teacher_router = router if config.lwf_teacher_memory == "current" else teacher.router(router)
-            if teacher_router is not None and torch.equal(teacher_router.w_q, router.w_q):
+            teacher_router = None if config.lwf_teacher_memory == "current" else teacher.router(router)
+            if router is None or teacher_router is None:  # no memory, or the current one: h̃ as computed above
+                lwf_logits = old_head(h_tilde)
+            elif torch.equal(teacher_router.w_q, router.w_q):
                 # W_q unchanged since the teacher (stage 1 keeps it by default): its queries are the current ones
                 lwf_logits = old_head(teacher_router(None, routed.ln_h, routed.query).h_tilde)
             else:
@@ -238,8 +245,8 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
             has_class = teacher.anchor_labels >= 0
             labelled = torch.from_numpy(has_class)
             anchor_targets = head.columns(torch.from_numpy(teacher.anchor_labels[has_class]))
-            weight = class_weights(teacher.anchor_labels[has_class], teacher.anchor_mass[has_class],
-                                   config.anchor_weighting)
+            weight = anchor_point_weights(teacher.anchor_labels[has_class], teacher.anchor_mass[has_class],
+                                          config.anchor_weighting)
             # the KD's points weighed the same way when every anchor has a class (slot anchors: uniform)
             kd_weight = weight if config.anchor_weighting == "class" and has_class.all() else None
     T = config.temperature

@@ -7,7 +7,7 @@ from memcl_ops.mars.dcda import (
     Stage1Config,
     Stage2Config,
     Teacher,
-    class_weights,
+    anchor_point_weights,
     train_stage1,
     train_stage2,
 )
@@ -201,14 +201,14 @@ def test_anchor_ce_keeps_old_classes_that_new_class_ce_alone_loses():
     assert np.median(new) > 0.9
 
 
-def test_class_weights_give_each_class_one_share_split_by_mass():
+def test_anchor_point_weights_give_each_class_one_share_split_by_mass():
     labels = np.array([4, 4, 4, 9, 2, 2])
     mass = np.array([1.0, 2.0, 1.0, 50.0, 3.0, 1.0], np.float32)
-    weights = class_weights(labels, mass, "class").numpy()
+    weights = anchor_point_weights(labels, mass, "class").numpy()
     for c in (4, 9, 2):
         assert abs(weights[labels == c].sum() - 1 / 3) < 1e-6
     np.testing.assert_allclose(weights[labels == 4], np.array([1, 2, 1]) / 4 / 3, rtol=1e-6)
-    np.testing.assert_allclose(class_weights(labels, mass, "point").numpy(), np.full(6, 1 / 6), rtol=1e-6)
+    np.testing.assert_allclose(anchor_point_weights(labels, mass, "point").numpy(), np.full(6, 1 / 6), rtol=1e-6)
 
 
 def test_class_weighted_anchor_ce_keeps_a_class_held_by_one_anchor_beside_a_new_class():
@@ -244,3 +244,35 @@ def test_class_weighted_anchor_ce_keeps_a_class_held_by_one_anchor_beside_a_new_
     assert np.median(by_point[:, 0]) < 0.2 and np.median(by_class[:, 0]) > 0.8, (by_point, by_class)
     assert (by_class[:, 0] > by_point[:, 0]).sum() >= 9
     assert np.median(by_class[:, 1]) > 0.8  # the new class is learned too
+
+
+def test_stage2_lwf_teacher_reads_the_same_h_tilde_by_the_shared_query_and_by_routing_again():
+    """The LwF teacher's h̃ from the current block's query (W_q unchanged since the teacher) equals routing the
+    features through the teacher's memory again; with a W_q that moved (stage 1 training it), the queries differ and
+    the teacher's own W_q is used."""
+    x, y = separable(seed=4)
+    router = SlotRouter(16, RouterConfig(initial_slots=3, temperature=0.5), seed=2)
+    head = GrowingLinearHead(16)
+    head.grow(y)
+    teacher = Teacher.snapshot(router, head)
+    old = teacher.router(router)
+    with torch.no_grad():
+        router.gamma.mul_(1.3)  # the memory moved since the teacher: h̃ differs, the query does not
+        routed = router(x)
+        shared = old(None, routed.ln_h, routed.query).h_tilde
+        np.testing.assert_allclose(shared.numpy(), old(x).h_tilde.numpy(), rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(shared, routed.h_tilde)
+    heads = []
+    for given in (routed, None):
+        trained = GrowingLinearHead(16)
+        trained.load_state(head.state())
+        train_stage2(trained, router, x, y, teacher, Stage2Config(optim=OptimConfig(epochs=2)), seed=0, routed=given)
+        heads.append(trained.state())
+    for key in heads[0]:
+        np.testing.assert_array_equal(heads[0][key], heads[1][key])
+    with torch.no_grad():
+        router.w_q.add_(0.1 * torch.randn_like(router.w_q))  # W_q trained: the teacher routes with its own
+    trained = GrowingLinearHead(16)
+    trained.load_state(head.state())
+    history = train_stage2(trained, router, x, y, teacher, Stage2Config(optim=OptimConfig(epochs=2)), seed=0)
+    assert np.isfinite(history).all()
