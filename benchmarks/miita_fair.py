@@ -4,6 +4,8 @@
     python -m benchmarks.miita_fair                            # every stream, budgets 2-16 KiB, seeds 0 1 2
     python -m benchmarks.miita_fair --streams partly --seeds 0  # one stream, one seed
     python -m benchmarks.miita_fair --tiny                      # a tiny random LM on a small stream (seconds)
+    python -m benchmarks.miita_fair --streams partly --knob memory.positions=2 --knob memory.centre_keys=false
+                                                               # knobs an earlier dev grid chose: no dev runs
 
 Streams: `partly` (tasks the frozen base can partly do: bbc-topic, sentiment-negation, word-category; 32 train / 40
 test each), `superni-a` and `superni-b` (the shipped SuperNI order-A subsample, in order and reversed), `format`
