@@ -39,3 +39,14 @@ def test_tiny_benchmark_chooses_on_dev_and_reports_costs(tmp_path):
     counts = table.split("seeds per run: ")[1].strip().split(", ")
     assert sorted(counts) == sorted(f"{run} 1" for run in rows)
     assert f"| miita@512B | {100 * rows['miita@512B']['op'][0]:.1f} ± 0.0 |" in table
+
+
+def test_given_knobs_are_json_values_and_anything_else_is_refused_by_name():
+    from benchmarks.miita_fair import given_knobs
+
+    assert given_knobs(["memory.positions=2", "memory.centre_keys=false"]) == {"memory.positions": 2,
+                                                                               "memory.centre_keys": False}
+    with pytest.raises(SystemExit, match=r"centre_keys.*not JSON"):
+        given_knobs(["memory.centre_keys=False"])  # Python's spelling would be the truthy string "False"
+    with pytest.raises(SystemExit, match=r"SECTION\.KEY=VALUE"):
+        given_knobs(["positions=2"])
