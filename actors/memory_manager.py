@@ -26,6 +26,7 @@ from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, add_
 from memcl_ops.mars.router import RouterConfig
 from memcl_ops.mars.sgse import Expansion
 from memcl_ops.mars.slots import SlotMemory
+from memcl_ops.methods import HybridConfig
 from memcl_ops.miita.answers import build_memory
 from memcl_ops.miita.directions import MemoryConfig
 from memcl_ops.nsr.adapter import ArrivalPlan, Snapshot, plan_arrival
@@ -148,16 +149,15 @@ class MemoryManager:
             self.learned.append(S.sample_ids_to_numpy(pairs))
             return len(self.replay)
 
-    def write_both(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch, above_nll: float,
-                   total_budget: int | None = None) -> dict[str, int]:
-        """`miita-replay`: every row as a prototype, the rows the frozen model finds hard also as demonstrations;
-        with `total_budget` (prototypes first) the demonstrations hold what the prototypes leave of it."""
+    def write_both(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch, hybrid: HybridConfig,
+                   total_budget: int) -> dict[str, int]:
+        """`miita-replay`: every row as a prototype, the rows the frozen model finds hard also as demonstrations,
+        which hold what `hybrid` leaves them of `total_budget` beside the prototypes."""
         with self.clock.time("prototypes"):
             outcome = self.prototypes.write_batch(extracted)
         with self.clock.time("replay"):
-            if total_budget is not None:
-                self.replay.limit(total_budget - self.prototypes.nbytes())
-            add_examples(self.replay, pairs, extracted, above_nll)
+            self.replay.limit(hybrid.demonstration_room(total_budget, self.prototypes.nbytes()))
+            add_examples(self.replay, pairs, extracted, hybrid.demonstrate_above_nll)
         self.learned.append(S.sample_ids_to_numpy(pairs))
         return {**outcome, "stored": len(self.replay)}
 

@@ -144,6 +144,10 @@ class HybridConfig:
         prototypes = int(total * self.direction_share)
         return prototypes, total - prototypes
 
+    def demonstration_room(self, total: int, prototype_bytes: int) -> int:
+        """What the demonstrations may hold beside `prototype_bytes` of prototypes (after each write)."""
+        return total - prototype_bytes if self.split == "prototypes-first" else self.budgets(total)[1]
+
 
 @dataclass(frozen=True)
 class LMMethodConfig:

@@ -211,9 +211,7 @@ class LMPipeline:
         for i, pairs in enumerate(ctx.train[task]):
             extracted = ctx.extraction(task, i)
             if self.prototypes and self.demonstrations:
-                hybrid = self.method.hybrid
-                total = self.spec.budget if hybrid.split == "prototypes-first" else None
-                calls.append(memory.write_both.remote(pairs, extracted, hybrid.demonstrate_above_nll, total))
+                calls.append(memory.write_both.remote(pairs, extracted, self.method.hybrid, self.spec.budget))
             elif self.prototypes:
                 calls.append(memory.write_prototypes.remote(extracted))
             else:

@@ -37,8 +37,7 @@ class MIITALearner(FrozenLM):
         extracted = extract_directions(self.lm, batch)
         self.memory.write_batch(extracted)
         if self.replay is not None:
-            if self.config.hybrid.split == "prototypes-first":  # demonstrations hold what the prototypes leave
-                self.replay.limit(self.budget - self.memory.nbytes())
+            self.replay.limit(self.config.hybrid.demonstration_room(self.budget, self.memory.nbytes()))
             add_examples(self.replay, batch, extracted, self.config.hybrid.demonstrate_above_nll)
 
     def generate(self, prompts: list[str]) -> list[str]:

@@ -7,7 +7,7 @@ import torch
 from memcl_ops.arrow import schema as S
 from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, text_bytes
 from memcl_ops.data.lm_tasks import LMStreamSpec, build_stream
-from memcl_ops.methods import LMMethodConfig, build_learner
+from memcl_ops.methods import HybridConfig, LMMethodConfig, build_learner
 from memcl_ops.models.causal_lm import LMSpec
 
 
@@ -121,3 +121,15 @@ def test_miita_replay_demonstrations_hold_what_the_prototypes_leave(budget):
         for key, value in alone.memory.state().items():
             np.testing.assert_array_equal(both.memory.state()[key], value)
     assert (len(both.replay) == seen) == (budget == 65536), len(both.replay)
+
+
+def test_miita_replay_with_a_fixed_share_keeps_each_store_in_its_part():
+    budget = 700
+    config = LMMethodConfig(hybrid=HybridConfig(split="share", direction_share=0.25))
+    learner = build_learner("miita-replay", config, lm=LMSpec(name="tiny:llama"), budget=budget, max_new_tokens=2)
+    for batch in _text_pairs(2, 8):
+        learner.observe(batch)
+        used = learner.memory_bytes()
+        assert used["prototypes"] <= 175 and used["replay_text"] <= 525, used
+        assert learner.replay.budget == 525  # the fixed part, whatever the prototypes hold
+    assert len(learner.replay) > 0
