@@ -1,0 +1,9 @@
+"""The pipeline's Ray actors (docs/architecture.md). Importing this package is the first thing an actor's worker
+process does when the actor is created."""
+
+import numpy as np
+import pyarrow as pa
+
+# pyarrow imports pandas, when it is installed, the first time it converts a numpy array (0.3-0.4 s here): every
+# actor process pays that as it starts, in a run's setup, instead of inside the first batch it handles.
+pa.array(np.zeros(1))
