@@ -124,9 +124,10 @@ def test_stage1_without_query_training_keeps_w_q_and_matches_the_per_minibatch_c
         torch.testing.assert_close(after[name], value, rtol=1e-4, atol=1e-6)
 
 
-def test_stage1_default_early_stop_ends_a_flat_loss_early_and_the_paper_schedule_runs_every_epoch():
+def test_stage1_early_stop_ends_a_flat_loss_early_and_the_paper_schedule_runs_every_epoch():
     x, y = separable(num_classes=2, per_class=128, dim=32, spread=0.0)  # pure noise: SupCon cannot fall
-    flat = train_stage1(SlotRouter(32, RouterConfig(initial_slots=4)), x, y, Stage1Config())
+    stopping = Stage1Config(optim=OptimConfig(epochs=20, patience=1, tolerance=1e-3))
+    flat = train_stage1(SlotRouter(32, RouterConfig(initial_slots=4)), x, y, stopping)
     assert 2 <= len(flat) < 20
     paper = Stage1Config(optim=OptimConfig(epochs=20), train_query=True)
     assert len(train_stage1(SlotRouter(32, RouterConfig(initial_slots=4)), x, y, paper)) == 20
