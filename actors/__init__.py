@@ -1,5 +1,5 @@
-"""The pipeline's Ray actors (docs/architecture.md). Importing this package is the first thing an actor's worker
-process does when the actor is created."""
+"""The pipeline's Ray actors (docs/architecture.md). A worker imports this package when it loads an actor class
+from it, before the actor's `__init__` runs (the driver imports it too)."""
 
 import numpy as np
 import pyarrow as pa

@@ -3,7 +3,7 @@ SmolLM2-135M's mid-layer keys on the `partly` stream's dev split (a held-out qua
 pairs; no test item), per anchor code, with every training key stored (no budget, no merge): the retrieval each
 code allows before the budget decides how many anchors fit (benchmarks/RESULTS.md, "MIITA at binding budgets").
 
-    python -m benchmarks.miita_anchor_codes            # seeds 0 1 2, about a minute here
+    python -m benchmarks.miita_anchor_codes            # seeds 0 1 2, 46 s here
 
 Codes: the memory's own (memcl_ops/miita/answers.py `encode_anchor`: float16, int8, sign = one bit per hidden
 unit, H/8 bytes) and candidates with fewer bits, computed here only: the signs of a random subset of the hidden
@@ -29,7 +29,7 @@ from memcl_ops.models.causal_lm import LMSpec, load_lm
 from memcl_ops.tensors import normalize
 
 SHORT_BITS = (128, 256, 384)
-PROJECTION_SEEDS = 3  # each projected code is averaged over this many random draws
+PROJECTION_SEEDS = 3  # each projected code is averaged over this many random draws (the same draws for every seed)
 
 
 def nearest_answer_accuracy(anchors: torch.Tensor, queries: torch.Tensor, stored: list[str], wanted: list[str]
@@ -84,7 +84,7 @@ def main() -> None:
                                 len(tasks[0].train))
         for name, accuracy in found.items():
             per_seed.setdefault(name, []).append(accuracy)
-    print(f"{len(train)} stored keys, {len(dev)} dev queries per seed (seeds {' '.join(map(str, seeds))})\n")
+    print(f"{len(train)} stored keys, {len(dev)} dev queries (seed {seeds[-1]}; seeds {' '.join(map(str, seeds))})\n")
     print("| anchor code | bytes per anchor | nearest-answer accuracy per seed (%) | mean (%) |")
     print("|---|---|---|---|")
     for (name, width), accuracies in per_seed.items():

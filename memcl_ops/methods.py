@@ -171,9 +171,8 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     MethodSpec("mars-reference", "MARS with SGSE's calibrated per-slot reference signal (frozen features)",
                head="distill", memory=True, sgse=True, stage1=True, fixed={"sgse": {"signal": "reference"}}),
     # MARS as the paper writes it: stage 1's schedule (W_q trained too, all 20 epochs, Adam's per-tensor loop; MARS's
-    # default stops early and keeps W_q: 10-30x less stage-1 time, A_last within a seed std), one anchor per slot
-    # (MARS's default keeps one per slot and class) and KD only at the anchors (MARS's default adds CE there;
-    # benchmarks/RESULTS.md)
+    # default runs one epoch and keeps W_q, A_last within a seed std or above), one anchor per slot (MARS's default
+    # keeps one per slot and class) and KD only at the anchors (MARS's default adds CE there; benchmarks/RESULTS.md)
     MethodSpec("mars-paper", "MARS as written: stage 1 trains W_q for 20 epochs, one distillation anchor per slot",
                head="distill", memory=True, sgse=True, stage1=True,
                fixed={"stage1": {"train_query": True, "optim": OptimConfig(epochs=20)},

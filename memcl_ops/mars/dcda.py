@@ -1,7 +1,7 @@
 """DCDA: the two training stages of MARS, as plain functions over feature tensors (docs/methods.md, "DCDA").
 
 Stage 1 trains the memory only (W_q, K, γ, β as written; by default K, γ, β, see `Stage1Config.train_query`) with
-SupCon on Norm(h̃) + λ_smooth·‖h̃ − target‖², until the epoch loss stops falling (`Stage1Config.optim`);
+SupCon on Norm(h̃) + λ_smooth·‖h̃ − target‖², one epoch by default (`Stage1Config.optim`);
 the classifier does not enter the loss, so it is frozen by construction.
 Stage 2 trains the classifier only on h̃ computed once under no_grad from the frozen memory:
 CE + λ_LwF·LwF(current inputs) + λ_anchor·KD(anchor points), T = 3, against the teacher
@@ -29,7 +29,7 @@ from memcl_ops.training import OptimConfig, optimize
 class Stage1Config:
     # At most 20 epochs [S]; Adam 1e-3, batch 128 [R]. One epoch [R]: SupCon on a visit's frozen features is flat
     # after it (19 more lower it by under 1 %), and A_last with one epoch is within a seed std of the early stop's
-    # 2-5 epochs on every bench suite (benchmarks/RESULTS.md, "A fast MARS learner"); fused Adam [R].
+    # 2-5 epochs, or above it, on every bench suite (benchmarks/RESULTS.md, "A fast MARS learner"); fused Adam [R].
     # `patience` / `tolerance` stop a longer schedule early. The paper's schedule: epochs=20, fused=False.
     optim: OptimConfig = OptimConfig(epochs=1, fused=True)
     lambda_smooth: float = 0.3  # [S]
