@@ -9,9 +9,11 @@ positions, and steers every decoding step with it. On a small LM that repeats th
   R_t = Wᵀ(e_{y_t} − p_t) = W[y_t] − Wᵀp_t; W is the frozen head the model already holds and p_t is the model's own
   distribution at that step, so storing y_t (2 bytes at a vocabulary under 65,536) keeps R_t exactly: the read side
   recomputes it from the live logits. Prototypes with the same answer tokens merge (count-weighted, anchors pooled).
-* keys are centred: a running mean of the raw keys is subtracted before any cosine. Raw mid-layer keys of two
-  prompts have cosine 0.93-0.998 (the prompt template dominates), so without centring every key merges and every
-  prototype is "relevant". The mean is stored (int8) and counted.
+* keys can be centred (`MemoryConfig.centre_keys`, off by default): a running mean of the raw keys is subtracted
+  before any cosine. Raw mid-layer keys of two prompts have cosine 0.93-0.998 (the prompt template dominates), so
+  merging by key would merge everything; merging by answer tokens does not need centring, and anchors centred at
+  write time drift from queries centred later (the dev grid chose raw keys, benchmarks/RESULTS.md). When on, the
+  mean is stored (int8) and counted.
 * anchors are stored compactly: sign bits (H/8 bytes), int8 (H bytes; a cosine needs no scale) or float16.
 * repair, while over budget, applies the cheapest merge: two anchors of one prototype (cost 1 − cos) or two
   prototypes (cost λ_p·(1 − cos) of their closest anchors; the merged prototype keeps the answer of the larger
