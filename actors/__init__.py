@@ -4,6 +4,6 @@ from it, before the actor's `__init__` runs (the driver imports it too)."""
 import numpy as np
 import pyarrow as pa
 
-# pyarrow imports pandas, when it is installed, the first time it converts a numpy array (0.3-0.4 s here): every
+# pyarrow imports pandas, when it is installed, the first time it converts a numpy array: every
 # actor process pays that as it starts, in a run's setup, instead of inside the first batch it handles.
 pa.array(np.zeros(1))
