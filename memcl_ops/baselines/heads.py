@@ -44,9 +44,10 @@ class _TrainedLinearHead:
         self.fits = 0
 
     def _train(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None,
-               extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+               extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               new_classes: list[int] = ()) -> dict[str, float]:
         history = train_stage2(self.head, memory, features, labels, None, self.stage2,
-                               seed=self.seed * 100_003 + self.fits, extra_loss=extra_loss)
+                               seed=self.seed * 100_003 + self.fits, extra_loss=extra_loss, new_classes=new_classes)
         self.fits += 1
         return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
 
@@ -107,8 +108,8 @@ class EWCHead(_TrainedLinearHead):
         return 0.5 * self.config.lam * total
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
-        self.head.grow(labels)
-        losses = self._train(features, labels, memory, self._penalty if self.fisher else None)
+        new_classes = self.head.grow(labels)
+        losses = self._train(features, labels, memory, self._penalty if self.fisher else None, new_classes)
         fisher_w, fisher_b = linear_head_fisher(self.head, apply_memory(memory, features).detach(), labels)
         n = len(labels)
         rows = self.head.num_classes
@@ -239,7 +240,7 @@ class DERppHead(_TrainedLinearHead):
         self.buffer = ReservoirBuffer(config.buffer_size, seed)
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
-        self.head.grow(labels)
+        new_classes = self.head.grow(labels)
         extra = None
         if len(self.buffer):
             with torch.no_grad():
@@ -258,7 +259,7 @@ class DERppHead(_TrainedLinearHead):
                 return (self.config.alpha * mse
                         + self.config.beta * F.cross_entropy(self.head(replay_h[b]), replay_targets[b]))
 
-        losses = self._train(features, labels, memory, extra)
+        losses = self._train(features, labels, memory, extra, new_classes)
         with torch.no_grad():
             logits = self.head(apply_memory(memory, features))
         self.buffer.offer(features.numpy(), labels.numpy(), logits.numpy())
@@ -341,8 +342,7 @@ class JointHead(_TrainedLinearHead):
         self.labels = np.concatenate([self.labels, labels.numpy()])
         x, y = torch.from_numpy(self.features), torch.from_numpy(self.labels)
         self.head = GrowingLinearHead(self.head.feature_dim)
-        self.head.grow(y)
-        return self._train(x, y, memory)
+        return self._train(x, y, memory, new_classes=self.head.grow(y))
 
     def state(self) -> dict[str, np.ndarray]:
         return {**prefixed("head", self.head.state()), "features": self.features.copy(),

@@ -37,9 +37,9 @@ class DistillHead:
             routed = memory(features) if memory is not None else None
         if self.class_anchors is not None and memory is not None:
             self.class_anchors.add(memory, features, labels, routed)
-        self.head.grow(labels)
+        new_classes = self.head.grow(labels)
         history = train_stage2(self.head, memory, features, labels, self.teacher, self.config,
-                               seed=self.seed * 100_003 + self.fits, routed=routed)
+                               seed=self.seed * 100_003 + self.fits, routed=routed, new_classes=new_classes)
         self.fits += 1
         return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
 

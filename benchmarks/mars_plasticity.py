@@ -1,0 +1,122 @@
+"""MARS against DER++ in-process, per task right after its visit and at the end: where MARS's A_last goes.
+
+Runs the StreamLearner of memcl_ops/methods.py on a bench suite's stream (its cached features; run `memcl bench
+SUITE` once first to fill the feature cache) for each method and each `--set` variant, seeds 0..N-1, and prints
+A_last, the mean of the diagonal (each task right after its own visit) and forgetting, mean ± std over seeds.
+
+    python -m benchmarks.mars_plasticity digits-mnist-fmnist --methods mars,derpp --seeds 3
+    python -m benchmarks.mars_plasticity synthetic-drift --methods mars --variant method.stage2.lambda_anchor_ce=1
+    python -m benchmarks.mars_plasticity fmnist-5x2 --stream stream.class_order_seed=7   # another class order
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import numpy as np
+
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.feature_cache import FeatureCache
+from memcl_ops.data.sources import DatasetStream, DriftStream, build_stream
+from memcl_ops.learner import Round
+from memcl_ops.methods import build_learner
+from memcl_ops.metrics import forgetting
+from pipeline.config import RunConfig, load_config
+from pipeline.suites import suite
+
+
+def cached_stream(config: RunConfig):
+    """The suite's stream with its features from the feature cache (the bench's own cache)."""
+    stream = build_stream(config.data, config.stream)
+    if isinstance(stream, DriftStream):
+        return stream
+    assert isinstance(stream, DatasetStream)
+    cache = FeatureCache(config.runtime.cache_dir)
+    name = stream.describe().name
+    for split in ("train", "test"):
+        rows = stream.needed_rows(split)
+        candidates = sorted(cache.root.glob(f"{name}-{split}-*.parquet"))
+        for path in candidates:
+            feats, missing = cache.lookup(path.stem, rows)
+            if feats is not None:
+                stream.set_features(split, rows, feats)
+                break
+        else:
+            raise SystemExit(f"no cached {split} features of {name} in {cache.root}: run `memcl bench` on it first")
+    return stream
+
+
+def accuracy_matrix(config: RunConfig, method: str, seed: int) -> np.ndarray:
+    stream = cached_stream(config)
+    info = stream.describe()
+    feature_dim = info.feature_dim or stream.features["train"][1].shape[1]
+    learner = build_learner(method, config.method, seed=seed, feature_dim=feature_dim)
+    tasks = len(info.task_classes)
+    acc = np.full((len(info.visits), tasks), np.nan)
+    for visit, task in enumerate(info.visits):
+        learner.begin_round(Round(visit, int(task), tuple(info.task_classes[int(task)])))
+        for index in range(info.visit_batches[visit]):
+            learner.observe(stream.train_batch(visit, index))
+        learner.consolidate()
+        for t in range(tasks):
+            if t > int(task) and not isinstance(stream, DriftStream):
+                continue
+            right = total = 0
+            for k in range(info.test_batches[t]):
+                batch = stream.test_batch(t, k, visit)
+                right += int((learner.predict(batch) == np.asarray(batch.column(S.LABEL))).sum())
+                total += batch.num_rows
+            acc[visit, t] = right / total
+    return acc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("suite")
+    parser.add_argument("--methods", default="mars,derpp")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--variant", action="append", default=[],
+                        help="KEY=VALUE[,KEY=VALUE]: one variant of every method (repeatable); none: the defaults")
+    parser.add_argument("--stream", action="append", default=[], help="KEY=VALUE applied to every run")
+    parser.add_argument("--show", action="store_true", help="also print each run's diagonal and last row")
+    args = parser.parse_args()
+    chosen = suite(args.suite)
+
+    def pairs(text: str) -> dict[str, object]:
+        out = {}
+        for item in filter(None, text.split(",")):
+            key, value = item.split("=", 1)
+            out[key] = json.loads(value) if value[:1] in "0123456789-[{tfn\"" else value
+        return out
+
+    base = {**chosen.overrides}
+    for item in args.stream:
+        base.update(pairs(item))
+    print(f"| suite | method | variant | A_last | diagonal | forgetting | s/run |")
+    print("|---|---|---|---|---|---|---|")
+    for method in args.methods.split(","):
+        for variant in args.variant or [""]:
+            config = load_config(overrides={**base, **pairs(variant)})
+            a_last, diag, forget, secs = [], [], [], []
+            for seed in range(args.seeds):
+                started = time.perf_counter()
+                acc = accuracy_matrix(dataclasses.replace(config, seed=seed), method, seed)
+                secs.append(time.perf_counter() - started)
+                last = acc[-1][~np.isnan(acc[-1])]
+                a_last.append(100 * last.mean())
+                diag.append(100 * np.nanmean(np.diag(acc)))
+                if args.show:
+                    print(f"  {method} {variant or 'default'} seed {seed}: diagonal",
+                          np.round(100 * np.diag(acc)).astype(int).tolist(), "last row",
+                          np.round(100 * acc[-1]).astype(int).tolist(), flush=True)
+                forget.append(100 * forgetting(acc))
+            fmt = lambda v: f"{np.mean(v):.2f} ± {np.std(v):.2f}"  # noqa: E731
+            print(f"| {chosen.name} | {method} | {variant or 'default'} | {fmt(a_last)} | {fmt(diag)} | "
+                  f"{fmt(forget)} | {np.mean(secs):.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
