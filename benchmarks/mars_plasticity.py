@@ -40,7 +40,7 @@ def cached_stream(config: RunConfig):
         rows = stream.needed_rows(split)
         candidates = sorted(cache.root.glob(f"{name}-{split}-*.parquet"))
         for path in candidates:
-            feats, missing = cache.lookup(path.stem, rows)
+            feats, _ = cache.lookup(path.stem, rows)
             if feats is not None:
                 stream.set_features(split, rows, feats)
                 break
@@ -95,7 +95,7 @@ def main() -> None:
     base = {**chosen.overrides}
     for item in args.stream:
         base.update(pairs(item))
-    print(f"| suite | method | variant | A_last | diagonal | forgetting | s/run |")
+    print("| suite | method | variant | A_last | diagonal | forgetting | s/run |")
     print("|---|---|---|---|---|---|---|")
     for method in args.methods.split(","):
         for variant in args.variant or [""]:
@@ -113,7 +113,7 @@ def main() -> None:
                           np.round(100 * np.diag(acc)).astype(int).tolist(), "last row",
                           np.round(100 * acc[-1]).astype(int).tolist(), flush=True)
                 forget.append(100 * forgetting(acc))
-            fmt = lambda v: f"{np.mean(v):.2f} ± {np.std(v):.2f}"  # noqa: E731
+            fmt = lambda v: f"{np.mean(v):.2f} ± {np.std(v, ddof=1 if len(v) > 1 else 0):.2f}"  # noqa: E731
             print(f"| {chosen.name} | {method} | {variant or 'default'} | {fmt(a_last)} | {fmt(diag)} | "
                   f"{fmt(forget)} | {np.mean(secs):.1f} |", flush=True)
 

@@ -159,7 +159,7 @@ class LMMethodConfig:
 
 
 _NSR_TAGS = frozenset({"trains-backbone"})  # task-aware: the bank is keyed at task arrival
-_NO_ANCHORS = {"lambda_anchor": 0.0, "lambda_anchor_ce": 0.0}
+_NO_ANCHORS = {"lambda_anchor": 0.0, "lambda_anchor_ce": 0.0, "lambda_gaussian": 0.0}
 _NO_DISTILL = {"stage2": {"lambda_lwf": 0.0, **_NO_ANCHORS}}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
@@ -176,7 +176,8 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     MethodSpec("mars-paper", "MARS as written: stage 1 trains W_q for 20 epochs, one distillation anchor per slot",
                head="distill", memory=True, sgse=True, stage1=True,
                fixed={"stage1": {"train_query": True, "optim": OptimConfig(epochs=20)},
-                      "stage2": {"anchor_points": "slot", "lambda_anchor_ce": 0.0, "new_class_init": "zero"}},
+                      "stage2": {"anchor_points": "slot", "lambda_anchor_ce": 0.0, "lambda_gaussian": 0.0,
+                                 "new_class_init": "zero"}},
                role="ablation"),
     MethodSpec("finetune", "sequential cross-entropy on the frozen features (no memory, no distillation)",
                head="distill", fixed=_NO_DISTILL, role="baseline"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from memcl_ops.mars.dcda import ClassAnchors, Stage2Config, Teacher, apply_memory, train_stage2
+from memcl_ops.mars.dcda import ClassAnchors, ClassGaussians, Stage2Config, Teacher, apply_memory, train_stage2
 from memcl_ops.mars.router import SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.tensors import state_nbytes
@@ -15,7 +16,7 @@ from memcl_ops.tensors import state_nbytes
 class DistillHead:
     """A growing linear head trained with CE + old-class distillation (DCDA stage 2, LwF, fine-tune).
 
-    With λ_LwF = λ_anchor = λ_anchor_ce = 0 it is plain sequential fine-tuning and keeps no teacher.
+    With λ_LwF = λ_anchor = λ_anchor_ce = λ_gaussian = 0 it is plain sequential fine-tuning and keeps no teacher.
     """
 
     def __init__(self, feature_dim: int, config: Stage2Config, seed: int):
@@ -27,6 +28,7 @@ class DistillHead:
         # through
         anchored = bool(config.lambda_anchor or config.lambda_anchor_ce)
         self.class_anchors = ClassAnchors(feature_dim) if config.anchor_points == "slot-class" and anchored else None
+        self.gaussians = ClassGaussians(feature_dim) if config.lambda_gaussian else None
 
     @property
     def distills(self) -> bool:
@@ -39,9 +41,28 @@ class DistillHead:
             self.class_anchors.add(memory, features, labels, routed)
         new_classes = self.head.grow(labels)
         history = train_stage2(self.head, memory, features, labels, self.teacher, self.config,
-                               seed=self.seed * 100_003 + self.fits, routed=routed, new_classes=new_classes)
+                               seed=self.seed * 100_003 + self.fits, routed=routed, new_classes=new_classes,
+                               extra_loss=self._gaussian_replay(memory))
+        if self.gaussians is not None:
+            self.gaussians.add(features, labels)
         self.fits += 1
         return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
+
+    def _gaussian_replay(self, memory: SlotRouter | None):
+        """CE on draws for the classes of earlier blocks, read through the memory like real rows (None before any)."""
+        if self.gaussians is None or not len(self.gaussians.classes):
+            return None
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.fits + 7)
+        rows, classes = self.gaussians.sample(self.config.gaussian_per_class, self.config.gaussian_shrink, generator)
+        with torch.no_grad():
+            drawn = apply_memory(memory, rows)
+        targets = self.head.columns(torch.from_numpy(classes))
+        k, weight = self.config.optim.batch_size, self.config.lambda_gaussian
+
+        def replay(_idx: torch.Tensor) -> torch.Tensor:
+            pick = torch.randint(len(drawn), (k,), generator=generator)
+            return weight * F.cross_entropy(self.head(drawn[pick]), targets[pick])
+        return replay
 
     def end_task(self, memory: SlotRouter | None) -> None:
         if self.distills:
@@ -59,6 +80,8 @@ class DistillHead:
             out.update({f"teacher.{k}": v for k, v in self.teacher.state().items()})
         if self.class_anchors is not None:
             out.update({f"class_anchors.{k}": v for k, v in self.class_anchors.state().items()})
+        if self.gaussians is not None:
+            out.update({f"gaussians.{k}": v for k, v in self.gaussians.state().items()})
         out["fits"] = np.array(self.fits)
         return out
 
@@ -68,9 +91,12 @@ class DistillHead:
         self.teacher = Teacher.from_state(teacher) if teacher else None
         if self.class_anchors is not None:
             self.class_anchors.restore({k[14:]: v for k, v in state.items() if k.startswith("class_anchors.")})
+        if self.gaussians is not None:
+            self.gaussians.restore({k[10:]: v for k, v in state.items() if k.startswith("gaussians.")})
         self.fits = int(state["fits"])
 
     def memory_bytes(self) -> dict[str, int]:
         return {"head": self.head.nbytes(),
                 "teacher": state_nbytes(self.teacher.state()) if self.teacher is not None else 0,
-                "class_anchors": state_nbytes(self.class_anchors.state()) if self.class_anchors is not None else 0}
+                "class_anchors": state_nbytes(self.class_anchors.state()) if self.class_anchors is not None else 0,
+                "class_gaussians": state_nbytes(self.gaussians.state()) if self.gaussians is not None else 0}

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # New columns start at zero here: started at their prototypes, these separable tasks are learned to near-certain
 # predictions, where the empirical Fisher vanishes (~2,600x smaller), so EWC's penalty would barely act.
 FINETUNE = Stage2Config(optim=OptimConfig(epochs=5, batch_size=32, lr=1e-2), lambda_lwf=0.0, lambda_anchor=0.0,
-                        lambda_anchor_ce=0.0, new_class_init="zero")
+                        lambda_anchor_ce=0.0, lambda_gaussian=0.0, new_class_init="zero")
 
 
 def two_tasks(seed: int, dim: int = 12, per_class: int = 40):
