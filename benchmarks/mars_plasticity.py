@@ -36,20 +36,29 @@ def cached_stream(config: RunConfig):
     assert isinstance(stream, DatasetStream)
     cache = FeatureCache(config.runtime.cache_dir)
     name = stream.describe().name
-    for split in ("train", "test"):
-        rows = stream.needed_rows(split)
-        candidates = sorted(cache.root.glob(f"{name}-{split}-*.parquet"))
-        for path in candidates:
-            feats, _ = cache.lookup(path.stem, rows)
-            if feats is not None:
-                stream.set_features(split, rows, feats)
-                break
-        else:
-            raise SystemExit(f"no cached {split} features of {name} in {cache.root}: run `memcl bench` on it first")
+    # the cache's files are named DATASET-SPLIT-ENCODER-HASH: take an encoder whose files hold both splits' rows
+    encoders = sorted({p.stem[len(f"{name}-train-"):].rsplit("-", 1)[0]
+                       for p in cache.root.glob(f"{name}-train-*.parquet")})
+    found = {}
+    for encoder in encoders:
+        found = {}
+        for split in ("train", "test"):
+            rows = stream.needed_rows(split)
+            for path in cache.root.glob(f"{name}-{split}-{encoder}-*.parquet"):
+                feats, _ = cache.lookup(path.stem, rows)
+                if feats is not None:
+                    found[split] = (rows, feats)
+        if len(found) == 2:
+            break
+    if len(found) != 2:
+        raise SystemExit(f"no cached features of {name} for this stream in {cache.root}: run `memcl bench` on it first")
+    for split, (rows, feats) in found.items():
+        stream.set_features(split, rows, feats)
     return stream
 
 
-def accuracy_matrix(config: RunConfig, method: str, seed: int) -> np.ndarray:
+def accuracy_matrix(config: RunConfig, method: str, seed: int) -> tuple[np.ndarray, list[int]]:
+    """Accuracy on every task's test data after each visit, and the task of each visit."""
     stream = cached_stream(config)
     info = stream.describe()
     feature_dim = info.feature_dim or stream.features["train"][1].shape[1]
@@ -70,7 +79,7 @@ def accuracy_matrix(config: RunConfig, method: str, seed: int) -> np.ndarray:
                 right += int((learner.predict(batch) == np.asarray(batch.column(S.LABEL))).sum())
                 total += batch.num_rows
             acc[visit, t] = right / total
-    return acc
+    return acc, [int(t) for t in info.visits]
 
 
 def main() -> None:
@@ -103,16 +112,18 @@ def main() -> None:
             a_last, diag, forget, secs = [], [], [], []
             for seed in range(args.seeds):
                 started = time.perf_counter()
-                acc = accuracy_matrix(dataclasses.replace(config, seed=seed), method, seed)
+                acc, visits = accuracy_matrix(dataclasses.replace(config, seed=seed), method, seed)
                 secs.append(time.perf_counter() - started)
                 last = acc[-1][~np.isnan(acc[-1])]
                 a_last.append(100 * last.mean())
-                diag.append(100 * np.nanmean(np.diag(acc)))
+                first_visit = {t: v for v, t in reversed(list(enumerate(visits)))}
+                diagonal = np.array([acc[v, t] for t, v in sorted(first_visit.items())])  # right after its 1st visit
+                diag.append(100 * np.nanmean(diagonal))
                 if args.show:
                     print(f"  {method} {variant or 'default'} seed {seed}: diagonal",
-                          np.round(100 * np.diag(acc)).astype(int).tolist(), "last row",
+                          np.round(100 * diagonal).astype(int).tolist(), "last row",
                           np.round(100 * acc[-1]).astype(int).tolist(), flush=True)
-                forget.append(100 * forgetting(acc))
+                forget.append(100 * forgetting(acc) if acc.shape[0] == acc.shape[1] else np.nan)
             fmt = lambda v: f"{np.mean(v):.2f} ± {np.std(v, ddof=1 if len(v) > 1 else 0):.2f}"  # noqa: E731
             print(f"| {chosen.name} | {method} | {variant or 'default'} | {fmt(a_last)} | {fmt(diag)} | "
                   f"{fmt(forget)} | {np.mean(secs):.1f} |", flush=True)

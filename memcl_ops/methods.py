@@ -159,8 +159,9 @@ class LMMethodConfig:
 
 
 _NSR_TAGS = frozenset({"trains-backbone"})  # task-aware: the bank is keyed at task arrival
-_NO_ANCHORS = {"lambda_anchor": 0.0, "lambda_anchor_ce": 0.0, "lambda_gaussian": 0.0}
-_NO_DISTILL = {"stage2": {"lambda_lwf": 0.0, **_NO_ANCHORS}}
+_NO_ANCHORS = {"lambda_anchor": 0.0, "lambda_anchor_ce": 0.0}
+_NO_OLD_CLASS_TERMS = {**_NO_ANCHORS, "lambda_gaussian": 0.0}  # the anchor terms and the Gaussian replay
+_NO_DISTILL = {"stage2": {"lambda_lwf": 0.0, **_NO_OLD_CLASS_TERMS}}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     MethodSpec("mars", "MARS: slot memory + SGSE + DCDA stage 1 and 2", head="distill", memory=True, sgse=True,
@@ -183,7 +184,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
                head="distill", fixed=_NO_DISTILL, role="baseline"),
     # Baselines (memcl_ops/baselines/heads.py) on the same frozen features, stream and head.
     MethodSpec("lwf", "LwF: CE + KD of the previous head on current inputs (DCDA stage 2 without memory, anchors)",
-               head="distill", fixed={"stage2": _NO_ANCHORS}, role="baseline"),
+               head="distill", fixed={"stage2": _NO_OLD_CLASS_TERMS}, role="baseline"),
     MethodSpec("ewc", "online EWC: CE + diagonal-Fisher penalty on the head", head="ewc", role="baseline"),
     MethodSpec("derpp", "DER++: CE + logit and label replay from a reservoir buffer of features", head="derpp",
                uses_labels_of="seen", role="baseline"),

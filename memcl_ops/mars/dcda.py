@@ -199,55 +199,65 @@ class ClassAnchors:
 
 
 class ClassGaussians:
-    """Running sums of the frozen features: Σ x xᵀ over every row, and Σ x and the row count per class, in float64
-    (each block's Σ x xᵀ is one float32 product, a quarter of the float64 one's time at D = 1,280); from them each
-    class's mean and the pooled within-class covariance Σ_w = (Σ x xᵀ − Σ_c s_c s_cᵀ / n_c) / (N − C), from which
-    `sample` draws."""
+    """Each class's row count and feature sum (float64), and the pooled within-class scatter
+    Σ_c Σ_{x of c} (x − μ_c)(x − μ_c)ᵀ (float32, D × D), kept by merging each block's class-centred scatter with the
+    shift of the class mean (Chan et al.'s pairwise update), so nothing large cancels however big the features' mean
+    and however the stream is cut; `sample` draws from each class's mean and the pooled covariance."""
 
     def __init__(self, feature_dim: int):
-        self.second = torch.zeros(feature_dim, feature_dim, dtype=torch.float64)
+        self.scatter = torch.zeros(feature_dim, feature_dim)
         self.sums = torch.zeros(0, feature_dim, dtype=torch.float64)
         self.counts = torch.zeros(0, dtype=torch.float64)
         self.classes = np.zeros(0, np.int64)
 
     @torch.no_grad()
     def add(self, features: torch.Tensor, labels: torch.Tensor) -> None:
-        x, labels = features.double(), labels.numpy()
-        block = features.float()
+        labels = labels.numpy()
         classes = np.union1d(self.classes, labels)
-        sums = torch.zeros(len(classes), x.shape[1], dtype=torch.float64)
+        sums = torch.zeros(len(classes), features.shape[1], dtype=torch.float64)
         counts = torch.zeros(len(classes), dtype=torch.float64)
         old = torch.from_numpy(np.searchsorted(classes, self.classes))
         sums[old], counts[old] = self.sums, self.counts
-        rows = torch.from_numpy(np.searchsorted(classes, labels))
-        sums.index_add_(0, rows, x)
-        counts.index_add_(0, rows, torch.ones(len(rows), dtype=torch.float64))
-        self.second += (block.T @ block).double()
+        for c in np.unique(labels):
+            rows = features[torch.from_numpy(labels == c)].double()
+            i = int(np.searchsorted(classes, c))
+            n_old, n_new = float(counts[i]), len(rows)
+            block_mean = rows.mean(dim=0)
+            centred = (rows - block_mean).float()
+            self.scatter += centred.T @ centred
+            if n_old:
+                shift = sums[i] / n_old - block_mean
+                self.scatter += (n_old * n_new / (n_old + n_new) * torch.outer(shift, shift)).float()
+            sums[i] += rows.sum(dim=0)
+            counts[i] += n_new
         self.sums, self.counts, self.classes = sums, counts, classes
 
     @torch.no_grad()
-    def sample(self, per_class: int, shrink: float, generator: torch.Generator) -> tuple[torch.Tensor, np.ndarray]:
+    def sample(self, per_class: int, shrink: float, generator: torch.Generator
+               ) -> tuple[torch.Tensor, np.ndarray] | None:
         """`per_class` draws for every class held, from N(its mean, Σ_w shrunk towards tr(Σ_w)/D · I): (rows, their
-        classes)."""
-        means = self.sums / self.counts[:, None]
-        scatter = self.second - means.T @ self.sums
-        dof = max(float(self.counts.sum()) - len(self.classes), 1.0)
-        covariance = scatter / dof
+        classes); None while the rows held show no spread (no class has two rows, or every row is the same)."""
+        dof = float(self.counts.sum()) - len(self.classes)
+        covariance = self.scatter.double() / max(dof, 1.0)
+        variance = float(covariance.diagonal().mean())
+        if dof < 1 or not variance > 0:
+            return None
         dim = covariance.shape[0]
-        covariance = (1 - shrink) * covariance + shrink * covariance.diagonal().mean() * torch.eye(dim,
-                                                                                                dtype=torch.float64)
-        factor = torch.linalg.cholesky(covariance).float()
+        covariance = (1 - shrink) * covariance + shrink * variance * torch.eye(dim, dtype=torch.float64)
+        factor, failed = torch.linalg.cholesky_ex(covariance)
+        if failed:  # rounding left Σ_w a little indefinite: the isotropic part alone
+            factor = variance ** 0.5 * torch.eye(dim, dtype=torch.float64)
         noise = torch.randn(len(self.classes) * per_class, dim, generator=generator)
-        rows = means.float().repeat_interleave(per_class, dim=0) + noise @ factor.T
-        return rows, np.repeat(self.classes, per_class)
+        means = (self.sums / self.counts[:, None]).float()
+        return means.repeat_interleave(per_class, dim=0) + noise @ factor.float().T, np.repeat(self.classes, per_class)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"second": self.second.numpy().copy(), "sums": self.sums.numpy().copy(),
+        return {"scatter": self.scatter.numpy().copy(), "sums": self.sums.numpy().copy(),
                 "counts": self.counts.numpy().copy(), "classes": self.classes.copy()}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.second, self.sums, self.counts = (torch.from_numpy(np.array(state[k], np.float64))
-                                               for k in ("second", "sums", "counts"))
+        self.scatter = torch.from_numpy(np.array(state["scatter"], np.float32))
+        self.sums, self.counts = (torch.from_numpy(np.array(state[k], np.float64)) for k in ("sums", "counts"))
         self.classes = np.array(state["classes"], np.int64)
 
 

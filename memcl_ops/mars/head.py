@@ -49,11 +49,17 @@ class DistillHead:
         return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
 
     def _gaussian_replay(self, memory: SlotRouter | None):
-        """CE on draws for the classes of earlier blocks, read through the memory like real rows (None before any)."""
-        if self.gaussians is None or not len(self.gaussians.classes):
+        """CE on draws for the classes of earlier blocks, read through the memory like real rows (None while there
+        is nothing to draw from)."""
+        if self.gaussians is None:
             return None
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.fits + 7)
-        rows, classes = self.gaussians.sample(self.config.gaussian_per_class, self.config.gaussian_shrink, generator)
+        # its own stream, apart from the stage-2 loop's seeds (seed * 100_003 + fits)
+        generator = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, self.fits, 1])
+                                                      .generate_state(1)[0]))
+        drawn = self.gaussians.sample(self.config.gaussian_per_class, self.config.gaussian_shrink, generator)
+        if drawn is None:
+            return None
+        rows, classes = drawn
         with torch.no_grad():
             drawn = apply_memory(memory, rows)
         targets = self.head.columns(torch.from_numpy(classes))
