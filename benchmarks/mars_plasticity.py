@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 
 import numpy as np
+import yaml
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
@@ -98,7 +98,7 @@ def main() -> None:
         out = {}
         for item in filter(None, text.split(",")):
             key, value = item.split("=", 1)
-            out[key] = json.loads(value) if value[:1] in "0123456789-[{tfn\"" else value
+            out[key] = yaml.safe_load(value)  # as `memcl --set` reads a value
         return out
 
     base = {**chosen.overrides}

@@ -86,7 +86,8 @@ class Stage2Config:
     # class `gaussian_per_class` draws a fit; the covariance is shrunk towards its mean variance by
     # `gaussian_shrink` (a first task of 1,350 rows does not determine 1,280 dimensions). 0: off (the paper). 0.3, the
     # anchor CE's weight: A_last +0.1 to +1.2 on the four bench suites against 0, and the task just learned keeps
-    # more than at 1 (synthetic-drift's diagonal 79 % against 74 %; benchmarks/RESULTS.md, "Gaussian replay").
+    # more than at 1 (synthetic-drift's diagonal 79 % against 74 %; benchmarks/RESULTS.md, "New classes start at their
+    # prototypes").
     lambda_gaussian: float = 0.3
     gaussian_per_class: int = 64
     gaussian_shrink: float = 0.1

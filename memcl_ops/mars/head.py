@@ -56,18 +56,18 @@ class DistillHead:
         # its own stream, apart from the stage-2 loop's seeds (seed * 100_003 + fits)
         generator = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, self.fits, 1])
                                                       .generate_state(1)[0]))
-        drawn = self.gaussians.sample(self.config.gaussian_per_class, self.config.gaussian_shrink, generator)
-        if drawn is None:
+        sampled = self.gaussians.sample(self.config.gaussian_per_class, self.config.gaussian_shrink, generator)
+        if sampled is None:
             return None
-        rows, classes = drawn
+        rows, classes = sampled
         with torch.no_grad():
-            drawn = apply_memory(memory, rows)
+            h_tilde = apply_memory(memory, rows)
         targets = self.head.columns(torch.from_numpy(classes))
         k, weight = self.config.optim.batch_size, self.config.lambda_gaussian
 
         def replay(_idx: torch.Tensor) -> torch.Tensor:
-            pick = torch.randint(len(drawn), (k,), generator=generator)
-            return weight * F.cross_entropy(self.head(drawn[pick]), targets[pick])
+            pick = torch.randint(len(h_tilde), (k,), generator=generator)
+            return weight * F.cross_entropy(self.head(h_tilde[pick]), targets[pick])
         return replay
 
     def end_task(self, memory: SlotRouter | None) -> None:
