@@ -65,7 +65,7 @@ class MemoryManager:
 
     def route(self, batch: pa.RecordBatch | None, expansions: list[Expansion] | None = None, keep: bool = False
               ) -> pa.RecordBatch | None:
-        """Confidence and query per sample (for SGSE); also folds the batch into the anchor statistics.
+        """The routing confidence per sample (for SGSE); also folds the batch into the anchor statistics.
         `expansions` (the monitor's verdict on the previous batch) are applied first, which saves the stream a
         separate call per batch. None (every row refused at the gate) passes through. `keep`: also keep the batch
         for `take_block` (the compiled chain, whose batches never reach the driver as object refs)."""
@@ -77,10 +77,9 @@ class MemoryManager:
             self.kept.append((S.sample_ids_to_numpy(batch).copy(), np.array(S.features_to_numpy(batch)),
                               S.labels_to_numpy(batch)))
         with self.clock.time("route"):
-            q, probs = self.slots.route(S.features_to_torch(batch))
-            return pa.RecordBatch.from_arrays(
-                [batch.column(S.SAMPLE_ID), pa.array(probs.max(dim=1).values.numpy()), S.matrix_to_arrow(q.numpy())],
-                names=[S.SAMPLE_ID, "confidence", "query"])
+            probs = self.slots.route(S.features_to_torch(batch))
+            return pa.RecordBatch.from_arrays([batch.column(S.SAMPLE_ID), pa.array(probs.max(dim=1).values.numpy())],
+                                              names=[S.SAMPLE_ID, "confidence"])
 
     def expand(self, expansions: list[Expansion]) -> int:
         with self.clock.time("expand"):

@@ -1,5 +1,5 @@
-"""NoveltyMonitor actor: SGSE over the routed batches (and, for the reference signal, the frozen features of the
-same batch, passed by object reference in the same call: no extra hop), emitting expansion events."""
+"""NoveltyMonitor actor: SGSE over the routed batches and the frozen features of the same batch (passed by object
+reference in the same call: no extra hop), emitting expansion events."""
 
 from __future__ import annotations
 
@@ -22,17 +22,16 @@ class NoveltyMonitor:
         self.monitor = SGSE(config)
         self.clock = StageClock()
 
-    def observe(self, routed: pa.RecordBatch | None, features: pa.RecordBatch | None = None) -> list[Expansion]:
-        """`routed` is MemoryManager.route's output: sample_id, confidence, query (None: nothing to observe);
-        `features` the feature batch it was routed from (row for row), for a signal that reads frozen features."""
+    def observe(self, routed: pa.RecordBatch | None, features: pa.RecordBatch) -> list[Expansion]:
+        """`routed` is MemoryManager.route's output: sample_id, confidence (None: nothing to observe); `features` the
+        feature batch it was routed from (row for row)."""
         if routed is None:
             return []
         with self.clock.time("monitor"):
-            # copies: SGSE keeps rows of a block's trials across batches, and a compiled graph's input lives in a
-            # channel buffer that must be released for the next batch (pipeline/compiled_chain.py)
+            # SGSE keeps no row of a batch past the call (block sums), except the reference signal's features, which
+            # it copies; so a compiled graph's channel buffer (pipeline/compiled_chain.py) is read in place
             confidence = routed.column("confidence").to_numpy()
-            frozen = np.array(S.features_to_numpy(features)) if self.monitor.needs_features else None
-            return self.monitor.observe(confidence, np.array(S.column_matrix(routed, "query")), frozen)
+            return self.monitor.observe(confidence, S.features_to_numpy(features))
 
     def counters(self) -> dict[str, int]:
         m = self.monitor

@@ -33,9 +33,8 @@ def main() -> None:
     h, y = torch.from_numpy(np.asarray(encoder.encode(batch))), ds.train_y[rows]
     router = SlotRouter(h.shape[1], RouterConfig(), seed=args.seed)
     with torch.no_grad():
-        query, _ = router.route(h[y == 0][:20])
-        new = router.add_slot(query.mean(0))
-        _, probs = router.route(h)
+        new = router.add_slot(router.query(h[y == 0][:20].mean(0, keepdim=True)))
+        probs = router.route(h)
     print(f"one slot keyed on 20 images of class 0 ({ds.class_names[0]}), {router.num_slots} slots in all")
     print("| class | mean softmax mass on the new slot | share routed to it (top slot) |")
     print("|---|---|---|")

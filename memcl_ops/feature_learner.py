@@ -46,11 +46,10 @@ class FeatureLearner:
     @torch.no_grad()
     def observe(self, batch: pa.RecordBatch) -> None:
         if self.memory is not None:
-            query, probs = self.memory.route(S.features_to_torch(batch).to(self.device))
+            probs = self.memory.route(S.features_to_torch(batch).to(self.device))
             if self.monitor is not None:
-                frozen = S.features_to_numpy(batch) if self.monitor.needs_features else None
                 confidence = probs.max(dim=1).values.cpu().numpy()
-                self.memory.expand(self.monitor.observe(confidence, query.cpu().numpy(), frozen))
+                self.memory.expand(self.monitor.observe(confidence, S.features_to_numpy(batch)))
         self.block.append(batch)
 
     def consolidate(self) -> dict[str, object]:
@@ -98,7 +97,7 @@ class FeatureLearner:
 
     def memory_bytes(self) -> dict[str, int]:
         """The head's parts, the slots, and the monitor's whole state: SGSE's own `nbytes` (the pipeline's
-        "monitor" figure) counts only its signal, not the open block of queries and the test log it carries."""
+        "monitor" figure) counts only its signal, not the open block's feature sums and the test log it carries."""
         out = {f"head.{k}": v for k, v in self.head.memory_bytes().items()}
         if self.memory is not None:
             out["slots"] = self.memory.nbytes()

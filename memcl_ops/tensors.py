@@ -21,10 +21,6 @@ def layer_norm(h: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     return F.layer_norm(h, h.shape[-1:], eps=eps)
 
 
-def state_nbytes(state: dict[str, np.ndarray]) -> int:
-    return int(sum(np.asarray(v).nbytes for v in state.values()))
-
-
 def array_bytes(state: dict[str, np.ndarray]) -> int:
     """Bytes of the non-scalar arrays of a state, text counted as UTF-8 (as text replay meters it): what a
     learner's `memory_bytes` must add up to (0-d values are bookkeeping: counters, settings)."""

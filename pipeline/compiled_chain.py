@@ -43,7 +43,6 @@ class ChainActors:
     memory: Handle | None = None
     monitor: Handle | None = None
     accumulate: bool = False  # the encoders also sum an analytic head's statistics
-    reference_signal: bool = False  # the monitor also reads the frozen features (SGSE's reference signal)
 
 
 def size_channels(handles: Sequence[Handle], message_bytes: int) -> int:
@@ -92,7 +91,7 @@ class CompiledChain:
             expansions = None
             for batch in features:
                 routed = a.memory.route.bind(batch, expansions, True)
-                expansions = a.monitor.observe.bind(routed, batch if a.reference_signal else None)
+                expansions = a.monitor.observe.bind(routed, batch)
             return MultiOutputNode([*letters, a.memory.expand.bind(expansions)])
 
     def stream(self, batches: Sequence[tuple[int, int]], on_step: Callable[[Sequence[tuple[int, int]]], None]

@@ -122,8 +122,7 @@ class FeaturePipeline:
         if self.spec.memory:
             tail = routed = self.memory.route.remote(feats, self.expansions)
             if self.monitor is not None:
-                frozen = feats if self.method.sgse.signal == "reference" else None
-                tail = self.expansions = self.monitor.observe.remote(routed, frozen)
+                tail = self.expansions = self.monitor.observe.remote(routed, feats)
         return feats, tail
 
     def consolidate(self, block: list[ray.ObjectRef], reports: Reports, what: str
@@ -213,8 +212,7 @@ class FeaturePipeline:
             return
         self.chain = CompiledChain(ChainActors(
             self.source, self.encoders.replicas if self.inline else (), self.memory if self.spec.memory else None,
-            self.monitor, accumulate=self.merges,
-            reference_signal=self.monitor is not None and self.method.sgse.signal == "reference"),
+            self.monitor, accumulate=self.merges),
             rt.max_in_flight, rt.compiled_timeout_s, self._message_bytes())
 
     def _message_bytes(self) -> int:

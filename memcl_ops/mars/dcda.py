@@ -36,9 +36,10 @@ class Stage1Config:
     temperature: float = 0.07  # SupCon τ [R]
     # What h̃ is pulled towards: the paper writes raw h_T; LN(h_T) when the scales differ [R].
     smooth_target: Literal["ln", "raw"] = "ln"
-    # Train W_q too (as the paper writes) or only K, γ, β [R]. Without W_q every query W_q h of the call is computed
-    # once instead of twice per minibatch (forward and its gradient, the D x D products that were half of stage 1's
-    # time at D = 1280); A_last on the bench suites is within one seed std either way (benchmarks/RESULTS.md).
+    # Train W_q too (as the paper writes) or only K, γ, β [R]. Without W_q stage 1 has no D x D gradient (half of its
+    # time at D = 1280) and W_q stays an isometry, so routing takes the keys into feature space instead of every
+    # sample into query space (memcl_ops/mars/router.py); A_last on the bench suites is within one seed std either
+    # way (benchmarks/RESULTS.md).
     train_query: bool = False
 
 
@@ -219,17 +220,20 @@ class ClassGaussians:
         counts = torch.zeros(len(classes), dtype=torch.float64)
         old = torch.from_numpy(np.searchsorted(classes, self.classes))
         sums[old], counts[old] = self.sums, self.counts
+        # in place (addmm_, addr_): on the machines measured here a fresh D x D temporary costs about as much as
+        # the arithmetic on it
         for c in np.unique(labels):
-            rows = features[torch.from_numpy(labels == c)].double()
+            rows = features[torch.from_numpy(labels == c)]
             i = int(np.searchsorted(classes, c))
             n_old, n_new = float(counts[i]), len(rows)
-            block_mean = rows.mean(dim=0)
-            centred = (rows - block_mean).float()
-            self.scatter += centred.T @ centred
+            block_sum = rows.sum(dim=0, dtype=torch.float64)
+            block_mean = block_sum / n_new
+            centred = rows - block_mean.float()  # nearby floats: the subtraction is exact, whatever the mean
+            self.scatter.addmm_(centred.T, centred)
             if n_old:
-                shift = sums[i] / n_old - block_mean
-                self.scatter += (n_old * n_new / (n_old + n_new) * torch.outer(shift, shift)).float()
-            sums[i] += rows.sum(dim=0)
+                shift = (sums[i] / n_old - block_mean).float()
+                self.scatter.addr_(shift, shift, alpha=n_old * n_new / (n_old + n_new))
+            sums[i] += block_sum
             counts[i] += n_new
         self.sums, self.counts, self.classes = sums, counts, classes
 
@@ -239,18 +243,19 @@ class ClassGaussians:
         """`per_class` draws for every class held, from N(its mean, Σ_w shrunk towards tr(Σ_w)/D · I): (rows, their
         classes); None while the rows held show no spread (no class has two rows, or every row is the same)."""
         dof = float(self.counts.sum()) - len(self.classes)
-        covariance = self.scatter.double() / max(dof, 1.0)
-        variance = float(covariance.diagonal().mean())
+        variance = float(self.scatter.diagonal().double().mean()) / max(dof, 1.0)
         if dof < 1 or not variance > 0:
             return None
-        dim = covariance.shape[0]
-        covariance = (1 - shrink) * covariance + shrink * variance * torch.eye(dim, dtype=torch.float64)
+        dim = self.scatter.shape[0]
+        # float32 is enough: the shrinkage keeps every eigenvalue above shrink x the mean variance
+        covariance = self.scatter.mul((1 - shrink) / dof)
+        covariance.diagonal().add_(shrink * variance)
         factor, failed = torch.linalg.cholesky_ex(covariance)
         if failed:  # rounding left Σ_w a little indefinite: the isotropic part alone
-            factor = variance ** 0.5 * torch.eye(dim, dtype=torch.float64)
+            factor = variance ** 0.5 * torch.eye(dim)
         noise = torch.randn(len(self.classes) * per_class, dim, generator=generator)
         means = (self.sums / self.counts[:, None]).float()
-        return means.repeat_interleave(per_class, dim=0) + noise @ factor.float().T, np.repeat(self.classes, per_class)
+        return means.repeat_interleave(per_class, dim=0).addmm_(noise, factor.T), np.repeat(self.classes, per_class)
 
     def state(self) -> dict[str, np.ndarray]:
         return {"scatter": self.scatter.numpy().copy(), "sums": self.sums.numpy().copy(),
@@ -280,16 +285,16 @@ def anchor_point_weights(labels: np.ndarray, mass: np.ndarray, weighting: str) -
 def train_stage1(router: SlotRouter, features: torch.Tensor, labels: torch.Tensor,
                  config: Stage1Config = Stage1Config(), *, seed: int = 0) -> list[float]:
     """Train K, γ, β (and W_q if `config.train_query`) in place; returns the mean loss of each epoch run."""
+    if config.train_query:
+        router.train_query()
+    router.w_q.requires_grad_(config.train_query)  # a fixed W_q: no D x D gradient
     with torch.no_grad():  # once per call, not per minibatch
         ln_all = layer_norm(features)
-        q_all = None if config.train_query else router.query(features)
 
     def loss_on(idx: torch.Tensor) -> torch.Tensor:
-        ln_h = ln_all[idx]
-        # h itself is only needed for the query when W_q trains (each gather of a 128 x D block costs about as much
-        # as an elementwise op on it)
-        out = router(features[idx] if q_all is None else None, ln_h, None if q_all is None else q_all[idx])
-        target = ln_h if config.smooth_target == "ln" else features[idx]
+        h, ln_h = features[idx], ln_all[idx]
+        out = router(h, ln_h)
+        target = ln_h if config.smooth_target == "ln" else h
         return (supcon_loss(out.h_tilde, labels[idx], config.temperature, config.temperature)
                 + config.lambda_smooth * smoothness_loss(out.h_tilde, target))
 
@@ -346,11 +351,8 @@ def train_stage2(head: GrowingLinearHead, router: SlotRouter | None, features: t
             teacher_router = None if config.lwf_teacher_memory == "current" else teacher.router(router)
             if router is None or teacher_router is None:  # no memory, or the current one: h̃ as computed above
                 lwf_logits = old_head(h_tilde)
-            elif torch.equal(teacher_router.w_q, router.w_q):
-                # W_q unchanged since the teacher (stage 1 keeps it by default): its queries are the current ones
-                lwf_logits = old_head(teacher_router(None, routed.ln_h, routed.query).h_tilde)
             else:
-                lwf_logits = old_head(apply_memory(teacher_router, features))
+                lwf_logits = old_head(teacher_router(features, routed.ln_h).h_tilde)
             anchors = torch.as_tensor(teacher.anchors)
             anchor_logits = torch.as_tensor(teacher.anchor_logits)
             has_class = teacher.anchor_labels >= 0

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from memcl_ops.mars.dcda import ClassAnchors, ClassGaussians, Stage2Config, Teacher, apply_memory, train_stage2
 from memcl_ops.mars.router import SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
-from memcl_ops.tensors import state_nbytes
+from memcl_ops.tensors import array_bytes
 
 
 class DistillHead:
@@ -103,6 +103,6 @@ class DistillHead:
 
     def memory_bytes(self) -> dict[str, int]:
         return {"head": self.head.nbytes(),
-                "teacher": state_nbytes(self.teacher.state()) if self.teacher is not None else 0,
-                "class_anchors": state_nbytes(self.class_anchors.state()) if self.class_anchors is not None else 0,
-                "class_gaussians": state_nbytes(self.gaussians.state()) if self.gaussians is not None else 0}
+                "teacher": array_bytes(self.teacher.state()) if self.teacher is not None else 0,
+                "class_anchors": array_bytes(self.class_anchors.state()) if self.class_anchors is not None else 0,
+                "class_gaussians": array_bytes(self.gaussians.state()) if self.gaussians is not None else 0}

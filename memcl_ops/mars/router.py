@@ -5,6 +5,10 @@
 
 Each slot owns a key k_i, an affine (γ_i, β_i) initialised to the identity, and router-weighted EMA
 anchor statistics (μ_i, c_i) from which its anchor a_i = γ_i ⊙ μ_i / max(c_i, ς) + β_i is read.
+
+While W_q is an isometry (its orthogonal initialisation with query_dim >= D, kept unless stage 1 trains it),
+<q̂, k̂_i> = <ĥ, W_qᵀ k̂_i>: the keys are taken into feature space (S x Q x D) instead of every sample into query
+space (N x D x Q, the largest cost of routing at D = 1280).
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ class RouterOutput:
     h_tilde: torch.Tensor  # (N, D) slot-weighted affine of LN(h)
     probs: torch.Tensor  # (N, S) routing probabilities
     confidence: torch.Tensor  # (N,) top-slot probability s_t
-    query: torch.Tensor  # (N, Q) W_q h
     ln_h: torch.Tensor  # (N, D) LN(h), what the slot affines act on
 
 
@@ -57,6 +60,10 @@ class SlotRouter(nn.Module):
         self.beta = nn.Parameter(torch.zeros(config.initial_slots, feature_dim))
         self.register_buffer("anchor_sum", torch.zeros(config.initial_slots, feature_dim))  # μ_i
         self.register_buffer("anchor_mass", torch.zeros(config.initial_slots))  # c_i
+        # W_q's columns orthonormal: routing may take the keys into feature space (see the module docstring)
+        self.register_buffer("query_isometry", torch.tensor(init and query_dim >= feature_dim))
+        self._isometric = bool(self.query_isometry)  # read on every route: no device sync for the buffer
+        self._feature_keys: tuple | None = None  # (K, its version, W_q, its version, k̂ W_q): see `feature_keys`
 
     @classmethod
     def from_state(cls, feature_dim: int, config: RouterConfig, state: dict[str, np.ndarray]) -> SlotRouter:
@@ -76,21 +83,38 @@ class SlotRouter(nn.Module):
     def query(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.w_q.T
 
-    def route(self, h: torch.Tensor | None, q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(query, probabilities) for features h of shape (N, D); `q`: their query W_q h if known already (then h
-        may be None)."""
-        q = self.query(h) if q is None else q
-        sims = normalize(q) @ normalize(self.keys).T
-        return q, torch.softmax(sims / self.config.temperature, dim=-1)
+    def train_query(self) -> None:
+        """W_q is about to be trained: it stops being an isometry, so routing maps every sample to its query."""
+        self.query_isometry.fill_(False)
+        self._isometric = False
 
-    def forward(self, h: torch.Tensor | None, ln_h: torch.Tensor | None = None, q: torch.Tensor | None = None
-                ) -> RouterOutput:
-        """`ln_h`, `q`: LN(h) and W_q h if the caller has them already (stage 1 computes them once per call
-        when they do not change: LN always, the query when W_q is not trained); with both, h may be None."""
-        q, probs = self.route(h, q)
+    def route(self, h: torch.Tensor) -> torch.Tensor:
+        """Routing probabilities (N, S) for features h of shape (N, D)."""
+        if self._isometric:
+            sims = normalize(h) @ self.feature_keys().T
+        else:
+            sims = normalize(self.query(h)) @ normalize(self.keys).T
+        return torch.softmax(sims / self.config.temperature, dim=-1)
+
+    def feature_keys(self) -> torch.Tensor:
+        """k̂_i W_q (S, D): the keys in feature space. Outside autograd it is kept until K or W_q changes (a new
+        tensor or an in-place update bumps its version), so a stream of batches between two consolidations maps
+        the keys once."""
+        if torch.is_grad_enabled():
+            return normalize(self.keys) @ self.w_q
+        cached = self._feature_keys
+        if (cached is None or cached[0] is not self.keys or cached[1] != self.keys._version
+                or cached[2] is not self.w_q or cached[3] != self.w_q._version or cached[4].device != self.keys.device):
+            cached = self._feature_keys = (self.keys, self.keys._version, self.w_q, self.w_q._version,
+                                           normalize(self.keys) @ self.w_q)
+        return cached[4]
+
+    def forward(self, h: torch.Tensor, ln_h: torch.Tensor | None = None) -> RouterOutput:
+        """`ln_h`: LN(h) if the caller has it already (stage 1 computes it once per call)."""
+        probs = self.route(h)
         ln_h = layer_norm(h) if ln_h is None else ln_h
         h_tilde = (probs @ self.gamma) * ln_h + probs @ self.beta
-        return RouterOutput(h_tilde, probs, probs.max(dim=-1).values, q, ln_h)
+        return RouterOutput(h_tilde, probs, probs.max(dim=-1).values, ln_h)
 
     @torch.no_grad()
     def add_slot(self, init_key: torch.Tensor | np.ndarray) -> int:
@@ -116,7 +140,7 @@ class SlotRouter(nn.Module):
         `probs`: the routing of h if the caller has it already."""
         rho = self.config.anchor_momentum
         if probs is None:
-            _, probs = self.route(h)
+            probs = self.route(h)
         self.anchor_sum.mul_(rho).add_((1 - rho) * probs.T @ layer_norm(h))
         self.anchor_mass.mul_(rho).add_((1 - rho) * probs.sum(dim=0))
 
@@ -145,7 +169,11 @@ class SlotRouter(nn.Module):
             self.beta = nn.Parameter(torch.zeros(slots, d))
             self.anchor_sum = torch.zeros(slots, d)
             self.anchor_mass = torch.zeros(slots)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        out = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._isometric = bool(self.query_isometry)
+        return out
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
+        """Bytes of the arrays kept (the 0-d isometry flag is a setting, as memcl_ops/tensors.py's `array_bytes`
+        counts states)."""
+        return sum(t.numel() * t.element_size() for t in self.state_dict().values() if t.dim())

@@ -3,7 +3,8 @@
 Every sample is a Bernoulli trial ("does the memory already cover it?"); trials are tested in non-overlapping
 blocks of n: with k successes, expand iff the one-sided Wilson lower bound LB(k/n; n, z) < τ_exp. The block
 buffer is cleared after every test; after an expansion the next block is a cooldown (collected, not tested).
-The new slot's key is Norm(mean query of the block's failed samples) (the whole block if none failed).
+The new slot's key is Norm(mean query of the block's failed samples) (the whole block if none failed); the monitor
+keeps the mean of their features h, which the memory maps through W_q (the query is linear in h).
 
 Two signals decide the trial (`SGSEConfig.signal`):
 
@@ -140,9 +141,10 @@ class QuantileTracker:
 
 @dataclass
 class Expansion:
-    """An expansion decided by a test: the key for the new slot and the evidence."""
+    """An expansion decided by a test: the mean feature of its block's failed samples (the new slot's key is
+    Norm(W_q centre)) and the evidence."""
 
-    key: np.ndarray
+    centre: np.ndarray
     successes: int
     trials: int
     lower_bound: float
@@ -358,24 +360,27 @@ class ReferenceSignal:
 
 
 def frozen_features(h: np.ndarray, space: FeatureSpace) -> np.ndarray:
-    """z: what the reference signal compares. LN(h) without affine (as the router's h̃ uses), or h itself."""
-    h = np.asarray(h, dtype=np.float32)
+    """z: what the reference signal compares. LN(h) without affine (as the router's h̃ uses), or a copy of h (the
+    signal keeps rows of z, and h may be a buffer that the caller reuses)."""
     if space == "raw":
-        return h
+        return np.array(h, dtype=np.float32)
+    h = np.asarray(h, dtype=np.float32)
     mean = h.mean(axis=1, keepdims=True)
     var = h.var(axis=1, keepdims=True)
     return (h - mean) / np.sqrt(var + 1e-5)
 
 
 class NoveltyMonitor:
-    """SGSE over a stream of (confidence, query[, features]) rows. Ray-free; the NoveltyMonitor actor wraps it."""
+    """SGSE over a stream of (confidence, features) rows. Ray-free; the NoveltyMonitor actor wraps it."""
 
     def __init__(self, config: SGSEConfig = SGSEConfig()):
         self.config = config
         self.signal: TrialSignal = ReferenceSignal(config) if config.signal == "reference" else ConfidenceSignal(
             config)
         self.trials: list[bool] = []  # the current block's Bernoulli outcomes
-        self.block_queries: list[np.ndarray] = []  # their queries, for the new slot's key
+        # the block's trials' feature sums, failed and all (float64; the new slot's key): rows (failed, all)
+        self.centre_sums: np.ndarray | None = None
+        self.centre_counts = np.zeros(2, np.int64)
         self.block_features: list[np.ndarray] = []  # their frozen features (reference signal)
         self.cooldown = 0
         self.filling = 0  # cooldown blocks added while the newest reference fills
@@ -388,26 +393,32 @@ class NoveltyMonitor:
     def needs_features(self) -> bool:
         return self.signal.needs_features
 
-    def observe(self, confidences: np.ndarray, queries: np.ndarray, features: np.ndarray | None = None
-                ) -> list[Expansion]:
-        """Feed a batch in stream order (`features`: the raw frozen features h, for the reference signal);
-        returns the expansions it triggered (usually none)."""
+    def observe(self, confidences: np.ndarray, features: np.ndarray) -> list[Expansion]:
+        """Feed a batch in stream order (`features`: the frozen features h, row for row); returns the expansions it
+        triggered (usually none)."""
         cfg = self.config
-        confidences, queries = np.asarray(confidences, dtype=np.float64), np.asarray(queries)
-        z = frozen_features(features, cfg.feature_space) if features is not None and self.needs_features else None
+        confidences, features = np.asarray(confidences, dtype=np.float64), np.asarray(features)
+        if len(features) != len(confidences):
+            raise ValueError(f"{len(confidences)} confidences for {len(features)} feature rows")
+        z = frozen_features(features, cfg.feature_space) if self.needs_features else None
+        if self.centre_sums is None:
+            self.centre_sums = np.zeros((2, features.shape[1]))
         found: list[Expansion] = []
         start = 0
         while start < len(confidences):
             # up to the end of the current block (plus any warm-up): within it no reference changes
             end = min(start + self.signal.warmup_left() + cfg.block_size - len(self.trials), len(confidences))
-            outcomes = self.signal.trials(confidences[start:end], None if z is None else z[start:end])
+            outcomes = np.asarray(self.signal.trials(confidences[start:end], None if z is None else z[start:end]),
+                                  dtype=bool)
             first = end - len(outcomes)  # the chunk's first sample that is a trial
             self.steps += first - start
-            for offset, ok in enumerate(outcomes):
-                self.trials.append(bool(ok))
-                self.block_queries.append(queries[first + offset])
-                if z is not None:
-                    self.block_features.append(z[first + offset])
+            self.trials.extend(outcomes.tolist())
+            rows = features[first:end]
+            self.centre_sums[0] += rows[~outcomes].sum(axis=0, dtype=np.float64)
+            self.centre_sums[1] += rows.sum(axis=0, dtype=np.float64)
+            self.centre_counts += (int((~outcomes).sum()), len(outcomes))
+            if z is not None:
+                self.block_features.extend(z[first:end])
             self.steps += len(outcomes)
             start = end
             if len(self.trials) == cfg.block_size:
@@ -430,7 +441,8 @@ class NoveltyMonitor:
             expansion = self._test(trials)
             self.signal.end_block(features, trials, "passed" if expansion is None else "expanded")
         self.trials.clear()
-        self.block_queries.clear()
+        self.centre_sums[:] = 0
+        self.centre_counts[:] = 0
         self.block_features.clear()
         return expansion
 
@@ -444,23 +456,21 @@ class NoveltyMonitor:
             return None
         self.expansions += 1
         self.cooldown, self.filling = cfg.cooldown_blocks, 0
-        low = [q for q, ok in zip(self.block_queries, trials) if not ok]
-        mean = np.mean(np.stack(low or self.block_queries), axis=0)
-        key = mean / (np.linalg.norm(mean) + 1e-8)
-        return Expansion(key.astype(np.float32), k, n, float(lower), self.steps)
+        part = 0 if self.centre_counts[0] else 1  # the failed samples, or the whole block if none failed
+        centre = self.centre_sums[part] / self.centre_counts[part]
+        return Expansion(centre.astype(np.float32), k, n, float(lower), self.steps)
 
     def nbytes(self) -> int:
         """Bytes the monitor keeps between batches (the references, or the tracker's window)."""
         return self.signal.nbytes()
 
     def state(self) -> dict[str, np.ndarray]:
-        width = len(self.block_queries[0]) if self.block_queries else 0
         fwidth = len(self.block_features[0]) if self.block_features else 0
         return {
             **{f"signal.{k}": v for k, v in self.signal.state().items()},
             "trials": np.array(self.trials, dtype=bool),
-            "block_queries": (np.stack(self.block_queries) if self.block_queries
-                              else np.zeros((0, width), np.float32)),
+            "centre_sums": self.centre_sums.copy() if self.centre_sums is not None else np.zeros((2, 0)),
+            "centre_counts": self.centre_counts.copy(),
             "block_features": (np.stack(self.block_features) if self.block_features
                                else np.zeros((0, fwidth), np.float32)),
             "counters": np.array([self.cooldown, self.filling, self.steps, self.tests, self.expansions],
@@ -474,7 +484,9 @@ class NoveltyMonitor:
             raise ValueError("SGSE state was saved under a different configuration")
         self.signal.restore({k[7:]: v for k, v in state.items() if k.startswith("signal.")})
         self.trials = [bool(t) for t in state["trials"]]
-        self.block_queries = list(np.asarray(state["block_queries"]))
+        sums = np.array(state["centre_sums"], np.float64)
+        self.centre_sums = sums if sums.shape[1] else None
+        self.centre_counts = np.array(state["centre_counts"], np.int64)
         self.block_features = list(np.asarray(state["block_features"]))
         self.cooldown, self.filling, self.steps, self.tests, self.expansions = (int(v) for v in state["counters"])
         self.test_steps = [int(s) for s in state["test_steps"]]

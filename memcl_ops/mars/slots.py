@@ -32,15 +32,16 @@ class SlotMemory:
         return self
 
     @torch.no_grad()
-    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(query, routing probabilities) per sample; the batch is folded into the anchor statistics."""
-        q, probs = self.router.route(h)
+    def route(self, h: torch.Tensor) -> torch.Tensor:
+        """Routing probabilities per sample; the batch is folded into the anchor statistics."""
+        probs = self.router.route(h)
         self.router.update_anchor_stats(h, probs)
         self.routed += h.shape[0]
-        return q, probs
+        return probs
 
+    @torch.no_grad()
     def expand(self, expansions: list[Expansion]) -> int:
-        """Add a slot per expansion while under the cap; returns the slot count."""
+        """Add a slot per expansion while under the cap (key Norm(W_q centre)); returns the slot count."""
         for e in expansions:
             if self.router.num_slots >= self.max_slots:
                 self.refused_expansions += 1
@@ -48,7 +49,8 @@ class SlotMemory:
             device = self.router.keys.device
             # add_slot builds the new slot's rows on the CPU (memcl_ops/mars/router.py takes no device): grow the
             # router there and move it back; a slot is a few KiB and expansions are rare.
-            self.router.cpu().add_slot(e.key)
+            self.router.cpu()
+            self.router.add_slot(self.router.query(torch.from_numpy(np.asarray(e.centre)).reshape(1, -1)))
             self.router.to(device)
             self.expansions.append({"at_sample": self.routed, "test_step": e.step, "slots": self.router.num_slots,
                                     "successes": e.successes, "trials": e.trials,

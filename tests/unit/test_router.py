@@ -4,6 +4,8 @@ import numpy as np
 import torch
 
 from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.mars.sgse import Expansion
+from memcl_ops.mars.slots import SlotMemory
 from memcl_ops.tensors import layer_norm, normalize
 
 
@@ -66,7 +68,7 @@ def test_add_slot_and_exact_state_roundtrip():
 def test_anchor_ema_and_anchor_points():
     router = _router(d=4, slots=3)
     h = torch.randn(5, 4)
-    _, probs = router.route(h)
+    probs = router.route(h)
     router.update_anchor_stats(h)
     rho = router.config.anchor_momentum
     torch.testing.assert_close(router.anchor_mass, (1 - rho) * probs.sum(0))
@@ -77,3 +79,66 @@ def test_anchor_ema_and_anchor_points():
     # A fresh slot has no mass and gives no anchor.
     router.add_slot(np.ones(4))
     assert router.anchors()[1].tolist() == live.tolist()
+
+
+def _routed_by_queries(router: SlotRouter, h: torch.Tensor) -> torch.Tensor:
+    """Routing as written: every sample's query W_q h against the normalised keys."""
+    sims = normalize(h @ router.w_q.T) @ normalize(router.keys).T
+    return torch.softmax(sims / router.config.temperature, dim=-1)
+
+
+def test_routing_by_keys_in_feature_space_equals_routing_by_queries_while_w_q_is_an_isometry():
+    torch.manual_seed(0)
+    h = torch.randn(64, 16) * 3 + 1
+    for query_dim in (16, 24):  # square, and a taller W_q: orthonormal columns either way
+        router = SlotRouter(16, RouterConfig(initial_slots=8, temperature=0.1, query_dim=query_dim), seed=1)
+        router.add_slot(torch.randn(query_dim).numpy())
+        with torch.no_grad():
+            router.keys.mul_(torch.rand(9, 1) + 0.5)  # keys of any norm
+            torch.testing.assert_close(router.route(h), _routed_by_queries(router, h), rtol=1e-4, atol=1e-5)
+        clone = SlotRouter.from_state(16, router.config, router.state())
+        assert torch.equal(clone.route(h), router.route(h))
+
+
+def test_a_trained_or_narrow_w_q_routes_by_queries():
+    torch.manual_seed(0)
+    h = torch.randn(64, 16) * 3 + 1
+    narrow = SlotRouter(16, RouterConfig(initial_slots=8, temperature=0.1, query_dim=8), seed=1)
+    trained = SlotRouter(16, RouterConfig(initial_slots=8, temperature=0.1), seed=1)
+    trained.train_query()
+    with torch.no_grad():
+        trained.w_q.mul_(torch.rand(16, 1) * 2)  # no longer orthogonal: |W_q h| != |h|
+    clone = SlotRouter.from_state(16, trained.config, trained.state())
+    for router in (narrow, trained, clone):
+        with torch.no_grad():
+            by_queries = _routed_by_queries(router, h)
+            torch.testing.assert_close(router.route(h), by_queries)
+            keys_in_feature_space = normalize(router.keys) @ router.w_q
+            assumed = torch.softmax(normalize(h) @ keys_in_feature_space.T / router.config.temperature, dim=-1)
+            assert not torch.allclose(assumed, by_queries, atol=1e-3)  # the shortcut would be wrong here
+
+
+def test_an_expansion_adds_a_slot_keyed_on_the_mean_query_of_its_samples_up_to_the_cap():
+    memory = SlotMemory(16, RouterConfig(initial_slots=2, query_dim=24), max_slots=3, seed=0)
+    failed = torch.randn(5, 16) * 2 + 1
+    expansion = Expansion(failed.mean(0).numpy(), successes=1, trials=5, lower_bound=0.05, step=5)
+    assert memory.expand([expansion, expansion]) == 3 and memory.refused_expansions == 1
+    with torch.no_grad():
+        torch.testing.assert_close(memory.router.keys[2], normalize(memory.router.query(failed).mean(0)))
+
+
+def test_the_keys_in_feature_space_follow_every_change_of_k_and_w_q():
+    router = _router()
+    h = torch.randn(32, 16)
+    with torch.no_grad():
+        def fresh() -> torch.Tensor:
+            return _routed_by_queries(router, h)
+        torch.testing.assert_close(router.route(h), fresh())
+        router.keys.add_(torch.randn_like(router.keys))  # an optimizer step: in place
+        torch.testing.assert_close(router.route(h), fresh())
+        router.add_slot(torch.randn(16).numpy())  # a new tensor
+        torch.testing.assert_close(router.route(h), fresh())
+        other = _router(seed=5)
+        other.add_slot(torch.randn(16).numpy())
+        router.load_state(other.state())  # copied in
+        torch.testing.assert_close(router.route(h), fresh())

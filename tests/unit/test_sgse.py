@@ -101,16 +101,16 @@ def test_abrupt_drop_is_detected_within_three_blocks():
     assert detected / trials >= 0.95
 
 
-def test_new_slot_key_is_mean_of_low_confidence_queries():
+def test_new_slot_centre_is_mean_of_low_confidence_features():
     cfg = replace(PAPER, window=1, beta=0.0, block_size=4, cooldown_blocks=0)
     monitor = NoveltyMonitor(cfg)
     # window 1, beta 0: the threshold before t is s_{t-1}; trials: 0.5>=0.9? no, 0.95>=0.5 yes, ...
     s = np.array([0.9, 0.5, 0.95, 0.2, 0.1])
-    q = np.array([[9, 9], [1, 0], [5, 5], [0, 1], [0, 3]], dtype=float)
-    found = monitor.observe(s, q)
+    h = np.array([[9, 9], [1, 0], [5, 5], [0, 1], [0, 3]], dtype=float)
+    found = monitor.observe(s, h)
     assert len(found) == 1 and found[0].successes == 1 and found[0].trials == 4
-    low = np.array([1, 0]) + np.array([0, 1]) + np.array([0, 3])
-    np.testing.assert_allclose(found[0].key, low / np.linalg.norm(low), rtol=1e-6)
+    low = (np.array([1, 0]) + np.array([0, 1]) + np.array([0, 3])) / 3
+    np.testing.assert_allclose(found[0].centre, low, rtol=1e-6)
 
 
 def test_cooldown_skips_one_block_after_expansion():
@@ -148,7 +148,7 @@ def test_state_roundtrip_continues_identically():
     ea, eb = a.observe(s[401:], q[401:]), b.observe(s[401:], q[401:])
     assert len(ea) == len(eb) >= 1
     for x, y in zip(ea, eb):
-        np.testing.assert_array_equal(x.key, y.key)
+        np.testing.assert_array_equal(x.centre, y.centre)
         assert x.step == y.step
     with pytest.raises(ValueError, match="different configuration"):
         NoveltyMonitor(replace(PAPER, z=2.0)).restore(a.state())

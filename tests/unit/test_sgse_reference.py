@@ -22,7 +22,7 @@ def observe(monitor: NoveltyMonitor, x: np.ndarray, batch: int = 100) -> list:
     found = []
     for a in range(0, len(x), batch):
         rows = x[a:a + batch]
-        found += monitor.observe(np.zeros(len(rows)), rows, rows)
+        found += monitor.observe(np.zeros(len(rows)), rows)
     return found
 
 
@@ -91,7 +91,7 @@ def test_decisions_read_only_the_frozen_features():
         found = []
         for a in range(0, len(x), 100):
             rows = x[a:a + 100]
-            found += monitor.observe(other.random(len(rows)), other.normal(size=(len(rows), 8)), rows)
+            found += monitor.observe(other.random(len(rows)), rows)
         runs.append(([e.step for e in found], list(monitor.test_steps), [e.successes for e in found]))
     assert runs[0] == runs[1] == runs[2]
     assert len(runs[0][0]) >= 4  # one expansion per regime at least
@@ -132,17 +132,15 @@ def through_npz(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def test_state_round_trip_mid_block_continues_identically():
     rng = np.random.default_rng(11)
     x = np.concatenate([mixture(rng, 730, rng.normal(scale=3, size=(3, 12))) for _ in range(3)])
-    q = rng.normal(size=(len(x), 5))
     a = NoveltyMonitor(CONFIG)
-    a.observe(np.zeros(1097), q[:1097], x[:1097])  # mid-block, references built
+    a.observe(np.zeros(1097), x[:1097])  # mid-block, references built
     assert a.nbytes() > 0 and a.trials
     b = NoveltyMonitor(CONFIG)
     b.restore(through_npz(a.state()))
-    ea, eb = a.observe(np.zeros(len(x) - 1097), q[1097:], x[1097:]), b.observe(np.zeros(len(x) - 1097), q[1097:],
-                                                                                 x[1097:])
+    ea, eb = a.observe(np.zeros(len(x) - 1097), x[1097:]), b.observe(np.zeros(len(x) - 1097), x[1097:])
     assert len(ea) == len(eb) >= 1 and a.test_steps == b.test_steps
     for e, f in zip(ea, eb):
-        np.testing.assert_array_equal(e.key, f.key)
+        np.testing.assert_array_equal(e.centre, f.centre)
         assert e.step == f.step
     for key, value in a.state().items():
         np.testing.assert_array_equal(value, b.state()[key], err_msg=key)
@@ -157,6 +155,6 @@ def test_reported_bytes_are_the_arrays_kept():
     assert all(len(r.bank) <= CONFIG.reference_size // 2 for r in refs)
 
 
-def test_reference_signal_needs_features():
-    with pytest.raises(ValueError, match="frozen features"):
-        NoveltyMonitor(CONFIG).observe(np.zeros(3), np.zeros((3, 2)))
+def test_a_feature_row_per_confidence():
+    with pytest.raises(ValueError, match="3 confidences for 2 feature rows"):
+        NoveltyMonitor(CONFIG).observe(np.zeros(3), np.zeros((2, 4)))
