@@ -156,7 +156,11 @@ class SlotRouter(nn.Module):
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Exact inverse of `state`, including a different number of slots."""
+        """Exact inverse of `state`, including a different number of slots. A missing entry (a state written before
+        it existed) raises KeyError naming it, as every other part's `restore` does."""
+        missing = sorted(set(self.state_dict()) - set(state))
+        if missing:
+            raise KeyError(missing[0])
         self.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]

@@ -1,6 +1,7 @@
 import itertools
 
 import numpy as np
+import pytest
 import torch
 
 from memcl_ops.mars.router import RouterConfig, SlotRouter
@@ -142,3 +143,10 @@ def test_the_keys_in_feature_space_follow_every_change_of_k_and_w_q():
         other.add_slot(torch.randn(16).numpy())
         router.load_state(other.state())  # copied in
         torch.testing.assert_close(router.route(h), fresh())
+
+
+def test_a_state_without_the_isometry_flag_names_the_missing_entry():
+    state = _router().state()
+    del state["query_isometry"]
+    with pytest.raises(KeyError, match="query_isometry"):
+        _router().load_state(state)
