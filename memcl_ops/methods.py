@@ -171,12 +171,14 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     # (benchmarks/RESULTS.md, "SGSE signals")
     MethodSpec("mars-reference", "MARS with SGSE's calibrated per-slot reference signal (frozen features)",
                head="distill", memory=True, sgse=True, stage1=True, fixed={"sgse": {"signal": "reference"}}),
-    # MARS as the paper writes it: stage 1's schedule (W_q trained too, all 20 epochs, Adam's per-tensor loop; MARS's
-    # default runs one epoch and keeps W_q, A_last within a seed std or above), one anchor per slot (MARS's default
-    # keeps one per slot and class) and KD only at the anchors (MARS's default adds CE there; benchmarks/RESULTS.md)
+    # MARS as the paper writes it: stage 1's schedule (W_q, started orthogonal, trained too, all 20 epochs, Adam's
+    # per-tensor loop; MARS's default runs one epoch and keeps W_q the identity, A_last within a seed std or above),
+    # one anchor per slot (MARS's default keeps one per slot and class) and KD only at the anchors (MARS's default
+    # adds CE there; benchmarks/RESULTS.md)
     MethodSpec("mars-paper", "MARS as written: stage 1 trains W_q for 20 epochs, one distillation anchor per slot",
                head="distill", memory=True, sgse=True, stage1=True,
-               fixed={"stage1": {"train_query": True, "optim": OptimConfig(epochs=20)},
+               fixed={"router": {"query_init": "orthogonal"},
+                      "stage1": {"train_query": True, "optim": OptimConfig(epochs=20)},
                       "stage2": {"anchor_points": "slot", "lambda_anchor_ce": 0.0, "lambda_gaussian": 0.0,
                                  "new_class_init": "zero"}},
                role="ablation"),

@@ -254,10 +254,11 @@ class DERppHead(_TrainedLinearHead):
             def extra(_idx: torch.Tensor) -> torch.Tensor:
                 a = torch.randint(len(stored), (k,), generator=generator)
                 b = torch.randint(len(stored), (k,), generator=generator)
-                diff = (self.head(replay_h[a])[:, :stored.shape[1]] - stored[a]).pow(2) * real[a]
+                logits = self.head(replay_h.index_select(0, a))[:, :stored.shape[1]]
+                diff = (logits - stored.index_select(0, a)).pow(2) * real[a]
                 mse = diff.sum() / real[a].sum().clamp_min(1)
                 return (self.config.alpha * mse
-                        + self.config.beta * F.cross_entropy(self.head(replay_h[b]), replay_targets[b]))
+                        + self.config.beta * F.cross_entropy(self.head(replay_h.index_select(0, b)), replay_targets[b]))
 
         losses = self._train(features, labels, memory, extra, new_classes)
         with torch.no_grad():

@@ -67,7 +67,7 @@ class DistillHead:
 
         def replay(_idx: torch.Tensor) -> torch.Tensor:
             pick = torch.randint(len(h_tilde), (k,), generator=generator)
-            return weight * F.cross_entropy(self.head(h_tilde[pick]), targets[pick])
+            return weight * F.cross_entropy(self.head(h_tilde.index_select(0, pick)), targets[pick])
         return replay
 
     def end_task(self, memory: SlotRouter | None) -> None:

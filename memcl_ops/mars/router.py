@@ -6,14 +6,17 @@
 Each slot owns a key k_i, an affine (γ_i, β_i) initialised to the identity, and router-weighted EMA
 anchor statistics (μ_i, c_i) from which its anchor a_i = γ_i ⊙ μ_i / max(c_i, ς) + β_i is read.
 
-While W_q is an isometry (its orthogonal initialisation with query_dim >= D, kept unless stage 1 trains it),
-<q̂, k̂_i> = <ĥ, W_qᵀ k̂_i>: the keys are taken into feature space (S x Q x D) instead of every sample into query
-space (N x D x Q, the largest cost of routing at D = 1280).
+While W_q is an isometry (kept unless stage 1 trains it), <q̂, k̂_i> = <ĥ, W_qᵀ k̂_i>: the keys are taken into
+feature space (S x Q x D) instead of every sample into query space (N x D x Q, the largest cost of routing at
+D = 1280). A fixed isometry only rotates the keys, and keys drawn from an isotropic Gaussian are as random after a
+rotation as before, so by default W_q is the identity (`RouterConfig.query_init`): no Q x D matrix is stored, sent
+between actors or multiplied; stage 1, when it trains W_q, starts it there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -27,6 +30,10 @@ class RouterConfig:
     initial_slots: int = 32  # S0 [S]
     temperature: float = 0.07  # τ_r [S]
     query_dim: int | None = None  # width of W_q's output; None: the feature dim [R]
+    # W_q's start: the identity, kept implicit (no matrix) until stage 1 trains it, or a random matrix with
+    # orthonormal columns [R]. A query_dim other than the feature dim always starts orthogonal. Either way routing
+    # starts as a cosine between h and random keys (see the module docstring).
+    query_init: Literal["identity", "orthogonal"] = "identity"
     anchor_momentum: float = 0.99  # ρ of the anchor EMA [R]
     anchor_floor: float = 1e-6  # ς in μ / max(c, ς) [R]
     anchor_min_mass: float = 1e-3  # c_min: slots with less mass give no anchor [R]
@@ -47,12 +54,17 @@ class SlotRouter(nn.Module):
         super().__init__()
         self.config = config
         self.feature_dim = feature_dim
+        if config.query_init not in ("identity", "orthogonal"):
+            raise ValueError(f"router.query_init must be 'identity' or 'orthogonal', got {config.query_init!r}")
         query_dim = config.query_dim or feature_dim
-        w_q = torch.empty(query_dim, feature_dim)
+        # an empty W_q (0 rows) stands for the identity
+        identity = config.query_init == "identity" and query_dim == feature_dim
+        w_q = torch.empty(0 if identity else query_dim, feature_dim)
         keys = torch.empty(config.initial_slots, query_dim)
         if init:  # (the QR of the orthogonal init costs ~0.1 s at D = 1280: skipped by `from_state`)
             gen = torch.Generator().manual_seed(seed)
-            nn.init.orthogonal_(w_q, generator=gen)
+            if not identity:
+                nn.init.orthogonal_(w_q, generator=gen)
             keys = normalize(torch.randn(config.initial_slots, query_dim, generator=gen))
         self.w_q = nn.Parameter(w_q)
         self.keys = nn.Parameter(keys)
@@ -63,6 +75,7 @@ class SlotRouter(nn.Module):
         # W_q's columns orthonormal: routing may take the keys into feature space (see the module docstring)
         self.register_buffer("query_isometry", torch.tensor(init and query_dim >= feature_dim))
         self._isometric = bool(self.query_isometry)  # read on every route: no device sync for the buffer
+        self._identity = identity
         self._feature_keys: tuple | None = None  # (K, its version, W_q, its version, k̂ W_q): see `feature_keys`
 
     @classmethod
@@ -81,10 +94,14 @@ class SlotRouter(nn.Module):
         return [self.w_q, self.keys, self.gamma, self.beta] if query else [self.keys, self.gamma, self.beta]
 
     def query(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.w_q.T
+        return h if self._identity else h @ self.w_q.T
 
     def train_query(self) -> None:
-        """W_q is about to be trained: it stops being an isometry, so routing maps every sample to its query."""
+        """W_q is about to be trained: an implicit identity becomes a matrix, and W_q stops being an isometry, so
+        routing maps every sample to its query."""
+        if self._identity:
+            self.w_q = nn.Parameter(torch.eye(self.feature_dim, device=self.keys.device))
+            self._identity = False
         self.query_isometry.fill_(False)
         self._isometric = False
 
@@ -100,6 +117,8 @@ class SlotRouter(nn.Module):
         """k̂_i W_q (S, D): the keys in feature space. Outside autograd it is kept until K or W_q changes (a new
         tensor or an in-place update bumps its version), so a stream of batches between two consolidations maps
         the keys once."""
+        if self._identity:
+            return normalize(self.keys)
         if torch.is_grad_enabled():
             return normalize(self.keys) @ self.w_q
         cached = self._feature_keys
@@ -164,7 +183,9 @@ class SlotRouter(nn.Module):
         self.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):  # type: ignore[override]
-        # Slots may have been added since construction: resize before copying.
+        # Slots may have been added since construction, and W_q may be implicit on one side: resize before copying.
+        if state_dict["w_q"].shape != self.w_q.shape:
+            self.w_q = nn.Parameter(torch.zeros(state_dict["w_q"].shape))
         slots = state_dict["keys"].shape[0]
         if slots != self.num_slots:
             d, q = self.feature_dim, state_dict["keys"].shape[1]
@@ -175,6 +196,7 @@ class SlotRouter(nn.Module):
             self.anchor_mass = torch.zeros(slots)
         out = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self._isometric = bool(self.query_isometry)
+        self._identity = self.w_q.shape[0] == 0
         return out
 
     def nbytes(self) -> int:

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from memcl_ops.losses import smoothness_loss, supcon_loss
@@ -91,10 +92,11 @@ def test_teacher_state_roundtrip():
         np.testing.assert_array_equal(back.state()[k], v)
 
 
-def test_stage1_without_query_training_keeps_w_q_and_matches_the_per_minibatch_computation():
+@pytest.mark.parametrize("query_init", ["identity", "orthogonal"])
+def test_stage1_without_query_training_keeps_w_q_and_matches_the_per_minibatch_computation(query_init):
     x, y = separable(spread=1.0)
     cfg = Stage1Config(optim=OptimConfig(epochs=30, batch_size=32, lr=1e-2), train_query=False)
-    router = SlotRouter(16, RouterConfig(initial_slots=4))
+    router = SlotRouter(16, RouterConfig(initial_slots=4, query_init=query_init))
     before = _snapshot(router)
     start = _stage1_objective(router, x, y, cfg)
     history = train_stage1(router, x, y, cfg, seed=3)
@@ -104,12 +106,12 @@ def test_stage1_without_query_training_keeps_w_q_and_matches_the_per_minibatch_c
     for name in ("keys", "gamma", "beta"):
         assert not torch.equal(before[name], after[name]), name
     # the same optimisation written the slow way: every sample's query W_q h inside every minibatch's graph (the
-    # router takes the keys into feature space instead: W_q is orthogonal)
-    reference = SlotRouter(16, RouterConfig(initial_slots=4))
-    reference.w_q.requires_grad_(False)
+    # router takes the keys into feature space instead, or uses them as they are: W_q is orthogonal or the identity)
+    reference = SlotRouter(16, RouterConfig(initial_slots=4, query_init=query_init))
+    w_q = torch.eye(16) if query_init == "identity" else reference.w_q.detach()
 
     def reference_h_tilde(h: torch.Tensor) -> torch.Tensor:
-        sims = normalize(h @ reference.w_q.T) @ normalize(reference.keys).T
+        sims = normalize(h @ w_q.T) @ normalize(reference.keys).T
         probs = torch.softmax(sims / reference.config.temperature, dim=-1)
         return (probs @ reference.gamma) * layer_norm(h) + probs @ reference.beta
 

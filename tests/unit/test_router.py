@@ -36,8 +36,8 @@ def test_confidence_rises_as_query_moves_toward_best_key():
         h = torch.randn(1, 16)
         with torch.no_grad():
             best = router(h).probs.argmax().item()
-            # W_q is orthogonal, so W_qᵀ k has query k: walk h towards that point.
-            target = router.keys[best] @ router.w_q * h.norm()
+            # W_q is an isometry, so the key taken into feature space has query k: walk h towards that point.
+            target = router.feature_keys()[best] * h.norm()
             path = [(1 - t) * h + t * target for t in np.linspace(0, 1, 6)]
             sims = [(normalize(router.query(x)) @ normalize(router.keys[best])).item() for x in path]
             conf = [router(x).confidence.item() for x in path]
@@ -84,15 +84,19 @@ def test_anchor_ema_and_anchor_points():
 
 def _routed_by_queries(router: SlotRouter, h: torch.Tensor) -> torch.Tensor:
     """Routing as written: every sample's query W_q h against the normalised keys."""
-    sims = normalize(h @ router.w_q.T) @ normalize(router.keys).T
+    w_q = router.w_q if len(router.w_q) else torch.eye(router.feature_dim)  # no rows: the identity
+    sims = normalize(h @ w_q.T) @ normalize(router.keys).T
     return torch.softmax(sims / router.config.temperature, dim=-1)
 
 
 def test_routing_by_keys_in_feature_space_equals_routing_by_queries_while_w_q_is_an_isometry():
     torch.manual_seed(0)
     h = torch.randn(64, 16) * 3 + 1
-    for query_dim in (16, 24):  # square, and a taller W_q: orthonormal columns either way
-        router = SlotRouter(16, RouterConfig(initial_slots=8, temperature=0.1, query_dim=query_dim), seed=1)
+    # the implicit identity, a square orthogonal W_q and a taller one (orthonormal columns)
+    for query_dim, init in ((16, "identity"), (16, "orthogonal"), (24, "identity")):
+        router = SlotRouter(16, RouterConfig(initial_slots=8, temperature=0.1, query_dim=query_dim,
+                                             query_init=init), seed=1)
+        assert len(router.w_q) == (0 if init == "identity" and query_dim == 16 else query_dim)
         router.add_slot(torch.randn(query_dim).numpy())
         with torch.no_grad():
             router.keys.mul_(torch.rand(9, 1) + 0.5)  # keys of any norm
@@ -107,6 +111,7 @@ def test_a_trained_or_narrow_w_q_routes_by_queries():
     narrow = SlotRouter(16, RouterConfig(initial_slots=8, temperature=0.1, query_dim=8), seed=1)
     trained = SlotRouter(16, RouterConfig(initial_slots=8, temperature=0.1), seed=1)
     trained.train_query()
+    assert torch.equal(trained.w_q, torch.eye(16))  # the implicit identity, now a matrix to train
     with torch.no_grad():
         trained.w_q.mul_(torch.rand(16, 1) * 2)  # no longer orthogonal: |W_q h| != |h|
     clone = SlotRouter.from_state(16, trained.config, trained.state())
@@ -150,3 +155,25 @@ def test_a_state_without_the_isometry_flag_names_the_missing_entry():
     del state["query_isometry"]
     with pytest.raises(KeyError, match="query_isometry"):
         _router().load_state(state)
+
+
+def test_the_implicit_identity_stores_no_matrix_and_round_trips_either_way():
+    identity = _router()
+    orthogonal = SlotRouter(16, RouterConfig(initial_slots=8, query_init="orthogonal"), seed=0)
+    assert identity.state()["w_q"].shape == (0, 16) and identity.nbytes() == orthogonal.nbytes() - 16 * 16 * 4
+    h = torch.randn(32, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(identity.route(h), torch.softmax(
+            normalize(h) @ normalize(identity.keys).T / identity.config.temperature, dim=-1))
+    # a router built for one start holds the other's state exactly (a checkpoint of either kind resumes)
+    for source, target in ((identity, SlotRouter(16, orthogonal.config, init=False)),
+                           (orthogonal, SlotRouter(16, identity.config, init=False))):
+        target.load_state(source.state())
+        with torch.no_grad():
+            assert torch.equal(target.route(h), source.route(h))
+        assert target.state()["w_q"].shape == source.state()["w_q"].shape
+
+
+def test_an_unknown_query_init_is_named():
+    with pytest.raises(ValueError, match="query_init"):
+        SlotRouter(16, RouterConfig(query_init="random"))
