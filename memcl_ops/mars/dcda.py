@@ -88,11 +88,9 @@ class Stage2Config:
     # `gaussian_shrink` (a first task of 1,350 rows does not determine 1,280 dimensions). 0: off (the paper). 0.3, the
     # anchor CE's weight: A_last +0.1 to +1.2 on the four bench suites against 0, and the task just learned keeps
     # more than at 1 (synthetic-drift's diagonal 79 % against 74 %; benchmarks/RESULTS.md, "New classes start at their
-    # prototypes"). 256 draws per class, not 64: the replay's own randomness moved fmnist-5x2's A_last by about half a
-    # point between draws; with 256 its seed std is 0.30 against 0.68, no suite or held-out stream lower beyond a seed
-    # std (benchmarks/RESULTS.md, "More Gaussian draws").
+    # prototypes").
     lambda_gaussian: float = 0.3
-    gaussian_per_class: int = 256
+    gaussian_per_class: int = 64
     gaussian_shrink: float = 0.1
 
     def __post_init__(self) -> None:
