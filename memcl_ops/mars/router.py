@@ -114,9 +114,9 @@ class SlotRouter(nn.Module):
         return torch.softmax(sims / self.config.temperature, dim=-1)
 
     def feature_keys(self) -> torch.Tensor:
-        """k̂_i W_q (S, D): the keys in feature space. Outside autograd it is kept until K or W_q changes (a new
-        tensor or an in-place update bumps its version), so a stream of batches between two consolidations maps
-        the keys once."""
+        """k̂_i W_q (S, D): the keys in feature space (k̂_i themselves while W_q is the implicit identity). Outside
+        autograd it is kept until K or W_q changes (a new tensor or an in-place update bumps its version), so a
+        stream of batches between two consolidations maps the keys once."""
         if self._identity:
             return normalize(self.keys)
         if torch.is_grad_enabled():
