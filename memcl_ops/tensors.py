@@ -21,6 +21,12 @@ def layer_norm(h: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     return F.layer_norm(h, h.shape[-1:], eps=eps)
 
 
+def take_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x[idx] along the first axis: on the CPU several times faster for a block of rows (the same values); the index
+    follows x to its device, as x[idx] allows a CPU index on a CUDA tensor and index_select does not."""
+    return x.index_select(0, idx.to(x.device))
+
+
 def array_bytes(state: dict[str, np.ndarray]) -> int:
     """Bytes of the non-scalar arrays of a state, text counted as UTF-8 (as text replay meters it): what a
     learner's `memory_bytes` must add up to (0-d values are bookkeeping: counters, settings)."""

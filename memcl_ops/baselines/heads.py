@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from memcl_ops.mars.dcda import Stage2Config, apply_memory, train_stage2
 from memcl_ops.mars.router import SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
-from memcl_ops.tensors import normalize, prefixed, state_part
+from memcl_ops.tensors import normalize, prefixed, state_part, take_rows
 
 
 def _pad_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
@@ -254,11 +254,11 @@ class DERppHead(_TrainedLinearHead):
             def extra(_idx: torch.Tensor) -> torch.Tensor:
                 a = torch.randint(len(stored), (k,), generator=generator)
                 b = torch.randint(len(stored), (k,), generator=generator)
-                logits = self.head(replay_h.index_select(0, a))[:, :stored.shape[1]]
-                diff = (logits - stored.index_select(0, a)).pow(2) * real[a]
+                logits = self.head(take_rows(replay_h, a))[:, :stored.shape[1]]
+                diff = (logits - take_rows(stored, a)).pow(2) * real[a]
                 mse = diff.sum() / real[a].sum().clamp_min(1)
                 return (self.config.alpha * mse
-                        + self.config.beta * F.cross_entropy(self.head(replay_h.index_select(0, b)), replay_targets[b]))
+                        + self.config.beta * F.cross_entropy(self.head(take_rows(replay_h, b)), replay_targets[b]))
 
         losses = self._train(features, labels, memory, extra, new_classes)
         with torch.no_grad():

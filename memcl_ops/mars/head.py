@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from memcl_ops.mars.dcda import ClassAnchors, ClassGaussians, Stage2Config, Teacher, apply_memory, train_stage2
 from memcl_ops.mars.router import SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
-from memcl_ops.tensors import array_bytes
+from memcl_ops.tensors import array_bytes, take_rows
 
 
 class DistillHead:
@@ -67,7 +67,7 @@ class DistillHead:
 
         def replay(_idx: torch.Tensor) -> torch.Tensor:
             pick = torch.randint(len(h_tilde), (k,), generator=generator)
-            return weight * F.cross_entropy(self.head(h_tilde.index_select(0, pick)), targets[pick])
+            return weight * F.cross_entropy(self.head(take_rows(h_tilde, pick)), targets[pick])
         return replay
 
     def end_task(self, memory: SlotRouter | None) -> None:

@@ -31,8 +31,8 @@ class RouterConfig:
     temperature: float = 0.07  # τ_r [S]
     query_dim: int | None = None  # width of W_q's output; None: the feature dim [R]
     # W_q's start: the identity, kept implicit (no matrix) until stage 1 trains it, or a random matrix with
-    # orthonormal columns [R]. A query_dim other than the feature dim always starts orthogonal. Either way routing
-    # starts as a cosine between h and random keys (see the module docstring).
+    # orthonormal columns [R]. A query_dim other than the feature dim always starts orthogonal. With query_dim >= the
+    # feature dim either start routes by a cosine between h and random keys (see the module docstring).
     query_init: Literal["identity", "orthogonal"] = "identity"
     anchor_momentum: float = 0.99  # ρ of the anchor EMA [R]
     anchor_floor: float = 1e-6  # ς in μ / max(c, ς) [R]

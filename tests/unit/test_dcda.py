@@ -51,7 +51,8 @@ def test_stage1_reduces_its_loss_and_changes_only_memory_parameters():
     train_stage1(router, x, y, cfg)
     assert _stage1_objective(router, x, y, cfg) < 0.9 * start
     after = _snapshot(router)
-    for name in ("w_q", "keys", "gamma", "beta"):
+    assert after["w_q"].shape == (16, 16) and not torch.equal(after["w_q"], torch.eye(16))  # trained from I
+    for name in ("keys", "gamma", "beta"):
         assert not torch.equal(before_router[name], after[name]), name
     for name in ("anchor_sum", "anchor_mass"):
         assert torch.equal(before_router[name], after[name])

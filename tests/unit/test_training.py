@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.tensors import take_rows
 from memcl_ops.training import OptimConfig, optimize, plateaued, report_epochs
 
 
@@ -66,3 +67,11 @@ def test_router_from_state_equals_load_state_and_skips_the_initialisation():
         assert torch.equal(back.state_dict()[k], v), k
     h = torch.randn(5, 12)
     torch.testing.assert_close(back(h).h_tilde, router(h).h_tilde, rtol=0, atol=0)
+
+
+def test_take_rows_equals_indexing_for_any_minibatch_order():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 7, generator=gen)
+    for idx in (torch.randperm(300, generator=gen)[:128], torch.randint(300, (64,), generator=gen),
+                torch.zeros(0, dtype=torch.long)):
+        assert torch.equal(take_rows(x, idx), x[idx])
