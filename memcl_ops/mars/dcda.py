@@ -81,27 +81,31 @@ class Stage2Config:
     # (benchmarks/RESULTS.md, "New classes start at their prototypes").
     new_class_init: Literal["zero", "prototype"] = "prototype"
     init_scale: float = 0.5
-    # CE on features drawn for every class of earlier blocks from a Gaussian at its mean with the pooled within-class
-    # covariance of the frozen features (`ClassGaussians`), routed through the memory as real rows are: the anchors
-    # keep each class's means, these its spread, which the boundaries between old and new classes need [R]. Per
-    # class `gaussian_per_class` draws a fit; the covariance is shrunk towards its mean variance by
-    # `gaussian_shrink` (a first task of 1,350 rows does not determine 1,280 dimensions). 0: off (the paper). 0.3, the
-    # anchor CE's weight: A_last +0.1 to +1.2 on the four bench suites against 0, and the task just learned keeps
-    # more than at 1 (synthetic-drift's diagonal 79 % against 74 %; benchmarks/RESULTS.md, "New classes start at their
-    # prototypes"). 256 draws per class, not 64: the replay's own randomness moved fmnist-5x2's A_last by about half a
-    # point between draws; with 256 its seed std is 0.30 against 0.68, no suite or held-out stream lower beyond a seed
-    # std; MARS's learner time 2.54x DER++'s on fmnist-5x2 against 2.18x with 64 (benchmarks/RESULTS.md, "More
-    # Gaussian draws").
+    # CE on features drawn for every class of earlier blocks from a Gaussian at its mean with its own covariance
+    # (top `gaussian_rank` directions and the rest of its trace spread evenly; `ClassGaussians`) of the frozen
+    # features, routed through the memory as real rows are: the anchors keep each class's means, these its spread,
+    # which the boundaries between old and new classes need [R]. Per class `gaussian_per_class` draws a fit; the
+    # covariance is shrunk towards its mean variance by `gaussian_shrink` (a class of 135 rows does not determine
+    # 1,280 dimensions). 0: off (the paper). 0.3, the anchor CE's weight: A_last +0.1 to +1.2 on the four bench
+    # suites against 0, and the task just learned keeps more than at 1 (synthetic-drift's diagonal 79 % against 74 %;
+    # benchmarks/RESULTS.md, "New classes start at their prototypes"). 256 draws per class, not 64: the replay's own
+    # randomness moved fmnist-5x2's A_last by about half a point between draws (benchmarks/RESULTS.md, "More Gaussian
+    # draws"). Each class's own covariance, not one pooled over classes: A_last +0.9 / +1.0 on fmnist-5x2 and
+    # digits-mnist-fmnist, the other suites within a seed std; ranks 16-128 alike (benchmarks/RESULTS.md, "Each
+    # class's own covariance").
     lambda_gaussian: float = 0.3
     gaussian_per_class: int = 256
     gaussian_shrink: float = 0.1
+    gaussian_rank: int = 32
 
     def __post_init__(self) -> None:
         if self.init_scale <= 0:
             raise ValueError(f"stage2.init_scale must be > 0, got {self.init_scale}")
-        if self.lambda_gaussian < 0 or self.gaussian_per_class < 1 or not 0 < self.gaussian_shrink <= 1:
-            raise ValueError("stage2 needs lambda_gaussian >= 0, gaussian_per_class >= 1 and 0 < gaussian_shrink <= 1, "
-                             f"got {self.lambda_gaussian}, {self.gaussian_per_class}, {self.gaussian_shrink}")
+        if (self.lambda_gaussian < 0 or self.gaussian_per_class < 1 or not 0 < self.gaussian_shrink <= 1
+                or self.gaussian_rank < 0):
+            raise ValueError("stage2 needs lambda_gaussian >= 0, gaussian_per_class >= 1, 0 < gaussian_shrink <= 1 "
+                             f"and gaussian_rank >= 0, got {self.lambda_gaussian}, {self.gaussian_per_class}, "
+                             f"{self.gaussian_shrink}, {self.gaussian_rank}")
 
 
 @dataclass
@@ -204,13 +208,23 @@ class ClassAnchors:
 
 
 class ClassGaussians:
-    """Each class's row count and feature sum (float64), and the pooled within-class scatter
-    Σ_c Σ_{x of c} (x − μ_c)(x − μ_c)ᵀ (float32, D × D), kept by merging each block's class-centred scatter with the
-    shift of the class mean (Chan et al.'s pairwise update), so nothing large cancels however big the features' mean
-    and however the stream is cut; `sample` draws from each class's mean and the pooled covariance."""
+    """Each class's row count, feature sum (float64), total scatter tr Σ_{x of c} (x − μ_c)(x − μ_c)ᵀ (float64) and
+    the top `rank` directions of that scatter as a (D, rank) factor F_c with orthogonal columns (F_c F_cᵀ ≈ the
+    scatter). A block's rows merge in by incremental PCA (Ross et al. 2008): [F_c, the block's class-centred rows,
+    the shift of the class mean] re-factored and cut to `rank` columns, so nothing large cancels and no D x D matrix
+    is kept. Exact (up to rounding) for a class whose scatter has rank <= `rank`, whatever the cutting; beyond it the
+    discarded directions survive in the trace, which `sample` spreads over them.
 
-    def __init__(self, feature_dim: int):
-        self.scatter = torch.zeros(feature_dim, feature_dim)
+    Per class, not pooled: classes of different datasets spread differently (the 8 x 8 digits against MNIST against
+    Fashion-MNIST), and one pooled covariance drew every class with the average shape (benchmarks/RESULTS.md, "Each
+    class's own covariance")."""
+
+    def __init__(self, feature_dim: int, rank: int):
+        if rank < 0:
+            raise ValueError(f"stage2.gaussian_rank must be >= 0, got {rank}")
+        self.rank = min(rank, feature_dim)
+        self.factors = torch.zeros(0, feature_dim, self.rank)
+        self.traces = torch.zeros(0, dtype=torch.float64)
         self.sums = torch.zeros(0, feature_dim, dtype=torch.float64)
         self.counts = torch.zeros(0, dtype=torch.float64)
         self.classes = np.zeros(0, np.int64)
@@ -219,12 +233,13 @@ class ClassGaussians:
     def add(self, features: torch.Tensor, labels: torch.Tensor) -> None:
         labels = labels.numpy()
         classes = np.union1d(self.classes, labels)
-        sums = torch.zeros(len(classes), features.shape[1], dtype=torch.float64)
+        dim = features.shape[1]
+        factors = torch.zeros(len(classes), dim, self.rank)
+        traces = torch.zeros(len(classes), dtype=torch.float64)
+        sums = torch.zeros(len(classes), dim, dtype=torch.float64)
         counts = torch.zeros(len(classes), dtype=torch.float64)
         old = torch.from_numpy(np.searchsorted(classes, self.classes))
-        sums[old], counts[old] = self.sums, self.counts
-        # in place (addmm_, addr_): on the machines measured here a fresh D x D temporary costs about as much as
-        # the arithmetic on it
+        factors[old], traces[old], sums[old], counts[old] = self.factors, self.traces, self.sums, self.counts
         for c in np.unique(labels):
             rows = features[torch.from_numpy(labels == c)]
             i = int(np.searchsorted(classes, c))
@@ -232,41 +247,73 @@ class ClassGaussians:
             block_sum = rows.sum(dim=0, dtype=torch.float64)
             block_mean = block_sum / n_new
             centred = rows - block_mean.float()  # nearby floats: the subtraction is exact, whatever the mean
-            self.scatter.addmm_(centred.T, centred)
+            parts = [factors[i], centred.T]
+            traces[i] += centred.double().square().sum()
             if n_old:
-                shift = (sums[i] / n_old - block_mean).float()
-                self.scatter.addr_(shift, shift, alpha=n_old * n_new / (n_old + n_new))
+                shift = (sums[i] / n_old - block_mean) * (n_old * n_new / (n_old + n_new)) ** 0.5
+                parts.append(shift.float()[:, None])
+                traces[i] += shift.square().sum()
+            factors[i] = self._top(torch.cat(parts, dim=1))
             sums[i] += block_sum
             counts[i] += n_new
-        self.sums, self.counts, self.classes = sums, counts, classes
+        self.factors, self.traces, self.sums, self.counts, self.classes = factors, traces, sums, counts, classes
+
+    def _top(self, stacked: torch.Tensor) -> torch.Tensor:
+        """The top `rank` directions of stacked @ stackedᵀ, as a factor with orthogonal columns (zero-padded),
+        from the eigendecomposition of the smaller of the two Gram matrices."""
+        dim, width = stacked.shape
+        if width <= dim:
+            values, vectors = torch.linalg.eigh(stacked.T @ stacked)
+            top = stacked @ vectors[:, -self.rank:] if self.rank else stacked[:, :0]
+        else:
+            values, vectors = torch.linalg.eigh(stacked @ stacked.T)
+            top = vectors[:, -self.rank:] * values[-self.rank:].clamp_min(0).sqrt() if self.rank else stacked[:, :0]
+        out = torch.zeros(dim, self.rank)
+        out[:, :top.shape[1]] = top.flip(1)  # largest first
+        return out
 
     @torch.no_grad()
     def sample(self, per_class: int, shrink: float, generator: torch.Generator
                ) -> tuple[torch.Tensor, np.ndarray] | None:
-        """`per_class` draws for every class held, from N(its mean, Σ_w shrunk towards tr(Σ_w)/D · I): (rows, their
-        classes); None while the rows held show no spread (no class has two rows, or every row is the same)."""
-        dof = float(self.counts.sum()) - len(self.classes)
-        variance = float(self.scatter.diagonal().double().mean()) / max(dof, 1.0)
-        if dof < 1 or not variance > 0:
+        """`per_class` draws for every class with spread (two different rows), from N(μ_c, (1 − shrink) Σ_c +
+        shrink · tr(Σ_c)/D · I), Σ_c its covariance: the factor's directions at their own variances and the rest of
+        the trace spread evenly over the other D − rank directions. (rows, their classes); None while no class has
+        spread."""
+        dof = self.counts - 1
+        spread = (dof >= 1) & (self.traces > 0)
+        if not bool(spread.any()):
             return None
-        dim = self.scatter.shape[0]
-        # float32 is enough: the shrinkage keeps every eigenvalue above shrink x the mean variance
-        covariance = self.scatter.mul((1 - shrink) / dof)
-        covariance.diagonal().add_(shrink * variance)
-        factor, failed = torch.linalg.cholesky_ex(covariance)
-        if failed:  # rounding left Σ_w a little indefinite: the isotropic part alone
-            factor = variance ** 0.5 * torch.eye(dim)
-        noise = torch.randn(len(self.classes) * per_class, dim, generator=generator)
-        means = (self.sums / self.counts[:, None]).float()
-        return means.repeat_interleave(per_class, dim=0).addmm_(noise, factor.T), np.repeat(self.classes, per_class)
+        dim = self.factors.shape[1]
+        chosen = torch.nonzero(spread).flatten()
+        factors, traces, dof = self.factors[chosen], self.traces[chosen], dof[chosen]
+        energy = factors.double().square().sum(dim=1)  # (C, rank): the scatter's top eigenvalues
+        residual = ((traces - energy.sum(dim=1)).clamp_min(0) / max(dim - self.rank, 1)) / dof  # per other direction
+        mean_variance = traces / dof / dim
+        floor = (1 - shrink) * residual + shrink * mean_variance  # every direction's variance, at least
+        # each factor column scaled from its scatter eigenvalue e to the extra variance (1 − shrink)(e/dof − residual)
+        extra = ((1 - shrink) * (energy / dof[:, None] - residual[:, None])).clamp_min(0)
+        scale = (extra / energy.clamp_min(1e-30)).sqrt().float()
+        coefficients = torch.randn(len(chosen), per_class, self.rank, generator=generator) * scale[:, None, :]
+        noise = torch.randn(len(chosen), per_class, dim, generator=generator) * floor.sqrt().float()[:, None, None]
+        means = (self.sums[chosen] / self.counts[chosen, None]).float()
+        rows = means[:, None, :] + noise + torch.bmm(coefficients, factors.transpose(1, 2))
+        return rows.reshape(-1, dim), np.repeat(self.classes[chosen.numpy()], per_class)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"scatter": self.scatter.numpy().copy(), "sums": self.sums.numpy().copy(),
-                "counts": self.counts.numpy().copy(), "classes": self.classes.copy()}
+        return {"factors": self.factors.numpy().copy(), "traces": self.traces.numpy().copy(),
+                "sums": self.sums.numpy().copy(), "counts": self.counts.numpy().copy(), "classes": self.classes.copy()}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.scatter = torch.from_numpy(np.array(state["scatter"], np.float32))
-        self.sums, self.counts = (torch.from_numpy(np.array(state[k], np.float64)) for k in ("sums", "counts"))
+        if "factors" not in state:
+            raise ValueError("the checkpoint's class Gaussians are the pooled scatter of memcl before per-class "
+                             "covariances: resume it with method.stage2.lambda_gaussian=0, or start the run afresh")
+        factors = torch.from_numpy(np.array(state["factors"], np.float32))
+        if factors.shape[2] != self.rank:
+            raise ValueError(f"the checkpoint's class Gaussians keep {factors.shape[2]} directions per class, this "
+                             f"run's stage2.gaussian_rank keeps {self.rank}")
+        self.factors = factors
+        self.traces, self.sums, self.counts = (torch.from_numpy(np.array(state[k], np.float64))
+                                               for k in ("traces", "sums", "counts"))
         self.classes = np.array(state["classes"], np.int64)
 
 

@@ -28,7 +28,7 @@ class DistillHead:
         # through
         anchored = bool(config.lambda_anchor or config.lambda_anchor_ce)
         self.class_anchors = ClassAnchors(feature_dim) if config.anchor_points == "slot-class" and anchored else None
-        self.gaussians = ClassGaussians(feature_dim) if config.lambda_gaussian else None
+        self.gaussians = ClassGaussians(feature_dim, config.gaussian_rank) if config.lambda_gaussian else None
 
     @property
     def distills(self) -> bool:

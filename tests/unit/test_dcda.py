@@ -329,30 +329,60 @@ def test_prototype_start_classifies_every_seen_class_better_after_a_short_visit(
     assert sum(p > z for p, z in zip(overall["prototype"], overall["zero"])) >= 9, overall
 
 
-def test_class_gaussians_hold_the_means_and_pooled_covariance_however_the_stream_is_cut():
-    """Against numpy's float64 computation over all rows: features with a mean 1,000 times their spread (where
-    Σ x xᵀ − Σ s sᵀ / n would cancel away), classes out of order, one class seen in several pieces."""
+def _class_scatters(xs: np.ndarray, ys: np.ndarray, classes: np.ndarray) -> list[np.ndarray]:
+    return [np.cov(xs[ys == c].T, ddof=0) * (ys == c).sum() for c in classes]
+
+
+def test_class_gaussians_hold_each_class_mean_and_scatter_however_the_stream_is_cut():
+    """With as many directions as dimensions the factor is the whole scatter: against numpy's float64 computation
+    over all rows, for features with a mean 1,000 times their spread (where Σ x xᵀ − Σ s sᵀ / n would cancel away),
+    classes out of order, one class seen in several pieces."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(300, 6, generator=gen) * torch.tensor([1.0, 2, 3, 1, 1, 0.5]) * 0.1 + 100.0
     y = torch.tensor([9, 4, 12, 0, 7])[torch.randint(0, 5, (300,), generator=gen)]
-    whole, pieces = ClassGaussians(6), ClassGaussians(6)
+    whole, pieces = ClassGaussians(6, rank=6), ClassGaussians(6, rank=6)
     whole.add(x, y)
     for start, stop in ((0, 7), (7, 150), (150, 151), (151, 300)):
         pieces.add(x[start:stop], y[start:stop])
     xs, ys = x.double().numpy(), y.numpy()
     classes = np.unique(ys)
     means = np.stack([xs[ys == c].mean(0) for c in classes])
-    centred = xs - means[np.searchsorted(classes, ys)]
-    pooled = centred.T @ centred / (len(ys) - len(classes))
+    scatters = _class_scatters(xs, ys, classes)
     for held in (whole, pieces):
         np.testing.assert_array_equal(held.classes, classes)
         np.testing.assert_allclose((held.sums / held.counts[:, None]).numpy(), means, rtol=1e-12)
-        np.testing.assert_allclose(held.scatter.double().numpy() / (len(ys) - len(classes)), pooled, rtol=1e-4,
-                                   atol=1e-4 * np.abs(pooled).max())
+        np.testing.assert_allclose(held.traces.numpy(), [np.trace(s) for s in scatters], rtol=1e-9)
+        for factor, scatter in zip(held.factors.double().numpy(), scatters):
+            np.testing.assert_allclose(factor @ factor.T, scatter, rtol=1e-4, atol=1e-4 * np.abs(scatter).max())
 
 
-def test_class_gaussians_draw_nothing_until_a_class_shows_spread():
-    held = ClassGaussians(3)
+def test_class_gaussians_keep_each_class_top_directions_when_cut_short():
+    """Rank 3 of 12 dimensions: a class whose rows lie in a 3-d subspace is kept exactly however the stream is cut;
+    a class with a clear gap after its third eigenvalue keeps numpy's top-3 subspace and eigenvalues; the traces
+    stay exact either way."""
+    gen = torch.Generator().manual_seed(5)
+    flat = torch.randn(400, 3, generator=gen) @ torch.randn(3, 12, generator=gen) + 4.0
+    spiky = torch.randn(400, 12, generator=gen) * torch.tensor([9.0, 7, 5] + [0.3] * 9)
+    spiky = spiky @ torch.linalg.qr(torch.randn(12, 12, generator=gen))[0] - 2.0
+    x, y = torch.cat([flat, spiky]), torch.tensor([0] * 400 + [1] * 400)
+    order = torch.randperm(800, generator=gen)
+    x, y = x[order], y[order]
+    held = ClassGaussians(12, rank=3)
+    for start in range(0, 800, 97):
+        held.add(x[start:start + 97], y[start:start + 97])
+    flat_scatter, spiky_scatter = _class_scatters(x.double().numpy(), y.numpy(), np.array([0, 1]))
+    kept = [f.double().numpy() for f in held.factors]
+    np.testing.assert_allclose(kept[0] @ kept[0].T, flat_scatter, rtol=1e-3, atol=1e-4 * np.abs(flat_scatter).max())
+    values, vectors = np.linalg.eigh(spiky_scatter)
+    np.testing.assert_allclose(np.sort((kept[1] ** 2).sum(0)), values[-3:], rtol=0.02)
+    projector = vectors[:, -3:] @ vectors[:, -3:].T
+    basis = kept[1] / np.linalg.norm(kept[1], axis=0)
+    np.testing.assert_allclose(basis @ basis.T, projector, atol=0.02)
+    np.testing.assert_allclose(held.traces.numpy(), [np.trace(flat_scatter), np.trace(spiky_scatter)], rtol=1e-9)
+
+
+def test_class_gaussians_draw_only_classes_that_show_spread():
+    held = ClassGaussians(3, rank=2)
     gen = torch.Generator().manual_seed(0)
     held.add(torch.tensor([[1.0, 2, 3]]), torch.tensor([5]))
     held.add(torch.tensor([[0.0, 1, 0], [4, 4, 4]]), torch.tensor([2, 8]))  # three classes of one row each
@@ -361,27 +391,46 @@ def test_class_gaussians_draw_nothing_until_a_class_shows_spread():
     assert held.sample(4, 0.1, gen) is None
     held.add(torch.tensor([[7.0, 8, 7], [7, 6, 7]]), torch.tensor([5, 5]))
     rows, classes = held.sample(4, 0.1, gen)
-    assert rows.shape == (12, 3) and np.array_equal(classes, np.repeat([2, 5, 8], 4))
+    assert rows.shape == (4, 3) and np.array_equal(classes, [5, 5, 5, 5])
     assert torch.isfinite(rows).all()
 
 
-def test_class_gaussian_draws_have_each_class_mean_and_the_shrunk_pooled_covariance():
+def test_class_gaussian_draws_have_each_class_own_mean_and_shrunk_covariance():
+    """Two classes of different shapes in 5 dimensions, rank 2: each class's draws have its mean and the
+    covariance (1 − s)(its top-2 part + the rest of its trace spread over the other 3 directions) + s·tr/5·I."""
     gen = torch.Generator().manual_seed(0)
-    mixing = torch.randn(4, 4, generator=gen)
-    x = torch.randn(2000, 4, generator=gen) @ mixing + torch.tensor([5.0, 0, 0, 0])
-    y = torch.arange(2000) % 2
-    x[y == 1] += torch.tensor([0.0, 3, -3, 0])
-    held = ClassGaussians(4)
+    shapes = [torch.randn(5, 5, generator=gen) * torch.tensor([3.0, 2, 0.5, 0.5, 0.5]), torch.eye(5) * 0.7]
+    x = torch.cat([torch.randn(3000, 5, generator=gen) @ shape.T + 2.0 * k for k, shape in enumerate(shapes)])
+    y = torch.arange(6000) // 3000
+    held = ClassGaussians(5, rank=2)
     held.add(x, y)
     rows, classes = held.sample(20_000, 0.2, torch.Generator().manual_seed(1))
-    means = (held.sums / held.counts[:, None]).float()
-    pooled = held.scatter.double() / (2000 - 2)
-    target = (0.8 * pooled + 0.2 * pooled.diagonal().mean() * torch.eye(4, dtype=torch.float64)).float()
     for c in (0, 1):
+        own = x[y == c].double()
+        covariance = torch.cov(own.T)
+        values, vectors = torch.linalg.eigh(covariance)
+        rest = values[:3].mean()
+        eye = torch.eye(5, dtype=torch.float64)
+        kept = vectors[:, 3:] @ torch.diag(values[3:] - rest) @ vectors[:, 3:].T + rest * eye
+        target = (0.8 * kept + 0.2 * values.mean() * eye).float()
         draws = rows[torch.from_numpy(classes == c)]
         standard_error = target.diagonal().sqrt() / np.sqrt(len(draws))
-        assert (draws.mean(0) - means[c]).abs().le(5 * standard_error).all()
+        assert (draws.mean(0) - own.mean(0).float()).abs().le(5 * standard_error).all()
         torch.testing.assert_close(torch.cov(draws.T), target, rtol=0.05, atol=0.05 * float(target.abs().max()))
+
+
+def test_class_gaussians_name_a_checkpoint_they_cannot_resume():
+    held = ClassGaussians(4, rank=2)
+    held.add(torch.randn(10, 4), torch.arange(10) % 2)
+    with pytest.raises(ValueError, match="pooled scatter"):
+        ClassGaussians(4, rank=2).restore({"scatter": np.zeros((4, 4), np.float32), "sums": held.state()["sums"],
+                                           "counts": held.state()["counts"], "classes": held.state()["classes"]})
+    with pytest.raises(ValueError, match=r"keep 2 directions per class.*keeps 3"):
+        ClassGaussians(4, rank=3).restore(held.state())
+    twin = ClassGaussians(4, rank=2)
+    twin.restore(held.state())
+    gen_a, gen_b = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    torch.testing.assert_close(twin.sample(8, 0.1, gen_a)[0], held.sample(8, 0.1, gen_b)[0], rtol=0, atol=0)
 
 
 def test_gaussian_replay_keeps_old_classes_that_ce_alone_loses_and_restores_exactly():
