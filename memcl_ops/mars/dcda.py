@@ -90,13 +90,13 @@ class Stage2Config:
     # features, routed through the memory as real rows are: the anchors keep each class's means, these its spread,
     # which the boundaries between old and new classes need [R]. Per class `gaussian_per_class` draws a fit; the
     # covariance is shrunk towards its mean variance by `gaussian_shrink` (a class of 135 rows does not determine
-    # 1,280 dimensions). 0: off (the paper). 0.3, the anchor CE's weight: A_last +0.1 to +1.2 on the four bench
-    # suites against 0, and the task just learned keeps more than at 1 (synthetic-drift's diagonal 79 % against 74 %;
-    # benchmarks/RESULTS.md, "New classes start at their prototypes"). 256 draws per class, not 64: the replay's own
-    # randomness moved fmnist-5x2's A_last by about half a point between draws (benchmarks/RESULTS.md, "More Gaussian
-    # draws"). Each class's own covariance, not one pooled over classes: A_last +0.9 / +1.0 on fmnist-5x2 and
-    # digits-mnist-fmnist, the other suites within a seed std; ranks 16-128 alike (benchmarks/RESULTS.md, "Each
-    # class's own covariance").
+    # 1,280 dimensions). 0: off (the paper). 0.3, the anchor CE's weight (measured with the pooled covariance of
+    # before): A_last +0.1 to +1.2 on the four bench suites against 0, and the task just learned keeps more than at 1
+    # (synthetic-drift's diagonal 79 % against 74 %; benchmarks/RESULTS.md, "New classes start at their prototypes").
+    # 256 draws per class, not 64: the replay's own randomness moved fmnist-5x2's A_last by about half a point between
+    # draws (benchmarks/RESULTS.md, "More Gaussian draws"). Each class's own covariance, not one pooled over classes:
+    # A_last +0.9 / +1.0 on fmnist-5x2 and digits-mnist-fmnist, −0.25 on bbc-text, the drift streams within a seed
+    # std; ranks 16 to 128 within 0.3 points of each other (benchmarks/RESULTS.md, "Each class's own covariance").
     lambda_gaussian: float = 0.3
     gaussian_per_class: int = 256
     gaussian_shrink: float = 0.1
@@ -250,7 +250,7 @@ class ClassGaussians:
             n_old, n_new = float(counts[i]), len(rows)
             block_sum = rows.sum(dim=0, dtype=torch.float64)
             block_mean = block_sum / n_new
-            centred = rows - block_mean.float()  # nearby floats: the subtraction is exact, whatever the mean
+            centred = rows - block_mean.float()  # centred first: nothing of the size of the mean is squared
             parts = [factors[i], centred.T]
             traces[i] += centred.double().square().sum()
             if n_old:
@@ -263,18 +263,18 @@ class ClassGaussians:
         self.factors, self.traces, self.sums, self.counts, self.classes = factors, traces, sums, counts, classes
 
     def _top(self, stacked: torch.Tensor) -> torch.Tensor:
-        """The top `rank` directions of stacked @ stackedᵀ, as a factor with orthogonal columns (zero-padded),
-        from the eigendecomposition of the smaller of the two Gram matrices."""
+        """The top `rank` directions of stacked @ stackedᵀ as a factor with orthogonal columns, largest first, from
+        the eigendecomposition of the smaller of the two Gram matrices (`stacked` has at least rank + 1 columns)."""
         dim, width = stacked.shape
+        if not self.rank:
+            return stacked[:, :0]
         if width <= dim:
-            values, vectors = torch.linalg.eigh(stacked.T @ stacked)
-            top = stacked @ vectors[:, -self.rank:] if self.rank else stacked[:, :0]
+            _, vectors = torch.linalg.eigh(stacked.T @ stacked)
+            top = stacked @ vectors[:, -self.rank:]
         else:
             values, vectors = torch.linalg.eigh(stacked @ stacked.T)
-            top = vectors[:, -self.rank:] * values[-self.rank:].clamp_min(0).sqrt() if self.rank else stacked[:, :0]
-        out = torch.zeros(dim, self.rank)
-        out[:, :top.shape[1]] = top.flip(1)  # largest first
-        return out
+            top = vectors[:, -self.rank:] * values[-self.rank:].clamp_min(0).sqrt()
+        return top.flip(1)
 
     @torch.no_grad()
     def sample(self, per_class: int, shrink: float, generator: torch.Generator
@@ -308,13 +308,13 @@ class ClassGaussians:
                 "sums": self.sums.numpy().copy(), "counts": self.counts.numpy().copy(), "classes": self.classes.copy()}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        if "factors" not in state:
-            raise ValueError("the checkpoint's class Gaussians are the pooled scatter of memcl before per-class "
-                             "covariances: resume it with method.stage2.lambda_gaussian=0, or start the run afresh")
+        # a checkpoint of the pooled scatter (memcl before per-class covariances) has no "factors": the KeyError is
+        # what a resume reports as a state written by an older memcl (pipeline/runner.py)
         factors = torch.from_numpy(np.array(state["factors"], np.float32))
-        if factors.shape[2] != self.rank:
-            raise ValueError(f"the checkpoint's class Gaussians keep {factors.shape[2]} directions per class, this "
-                             f"run's stage2.gaussian_rank keeps {self.rank}")
+        if factors.shape[1:] != self.factors.shape[1:]:
+            raise ValueError(f"the checkpoint's class Gaussians keep {factors.shape[2]} directions of "
+                             f"{factors.shape[1]} features per class, this run {self.rank} of {self.factors.shape[1]} "
+                             "(stage2.gaussian_rank, the feature width)")
         self.factors = factors
         self.traces, self.sums, self.counts = (torch.from_numpy(np.array(state[k], np.float64))
                                                for k in ("traces", "sums", "counts"))

@@ -356,29 +356,47 @@ def test_class_gaussians_hold_each_class_mean_and_scatter_however_the_stream_is_
             np.testing.assert_allclose(factor @ factor.T, scatter, rtol=1e-4, atol=1e-4 * np.abs(scatter).max())
 
 
-def test_class_gaussians_keep_each_class_top_directions_when_cut_short():
-    """Rank 3 of 12 dimensions: a class whose rows lie in a 3-d subspace is kept exactly however the stream is cut;
-    a class with a clear gap after its third eigenvalue keeps numpy's top-3 subspace and eigenvalues; the traces
-    stay exact either way."""
+@pytest.mark.parametrize("block", [9, 97])
+def test_class_gaussians_keep_each_class_top_directions_when_cut_short(block):
+    """Rank 3 of 40 dimensions, the stream cut into blocks of `block` rows (9: every merge goes through the stack's
+    own Gram matrix, as at D = 1,280; 97: through the D × D one): a class whose rows lie in a 3-d subspace is kept
+    exactly; a class with a clear gap after its third eigenvalue keeps numpy's top-3 subspace and eigenvalues; the
+    traces stay exact either way."""
     gen = torch.Generator().manual_seed(5)
-    flat = torch.randn(400, 3, generator=gen) @ torch.randn(3, 12, generator=gen) + 4.0
-    spiky = torch.randn(400, 12, generator=gen) * torch.tensor([9.0, 7, 5] + [0.3] * 9)
-    spiky = spiky @ torch.linalg.qr(torch.randn(12, 12, generator=gen))[0] - 2.0
+    flat = torch.randn(400, 3, generator=gen) @ torch.randn(3, 40, generator=gen) + 4.0
+    spiky = torch.randn(400, 40, generator=gen) * torch.tensor([9.0, 7, 5] + [0.3] * 37)
+    spiky = spiky @ torch.linalg.qr(torch.randn(40, 40, generator=gen))[0] - 2.0
     x, y = torch.cat([flat, spiky]), torch.tensor([0] * 400 + [1] * 400)
     order = torch.randperm(800, generator=gen)
     x, y = x[order], y[order]
-    held = ClassGaussians(12, rank=3)
-    for start in range(0, 800, 97):
-        held.add(x[start:start + 97], y[start:start + 97])
+    held = ClassGaussians(40, rank=3)
+    for start in range(0, 800, block):
+        held.add(x[start:start + block], y[start:start + block])
     flat_scatter, spiky_scatter = _class_scatters(x.double().numpy(), y.numpy(), np.array([0, 1]))
     kept = [f.double().numpy() for f in held.factors]
     np.testing.assert_allclose(kept[0] @ kept[0].T, flat_scatter, rtol=1e-3, atol=1e-4 * np.abs(flat_scatter).max())
     values, vectors = np.linalg.eigh(spiky_scatter)
-    np.testing.assert_allclose(np.sort((kept[1] ** 2).sum(0)), values[-3:], rtol=0.02)
+    np.testing.assert_allclose((kept[1] ** 2).sum(0), values[::-1][:3], rtol=0.02)  # largest first
     projector = vectors[:, -3:] @ vectors[:, -3:].T
     basis = kept[1] / np.linalg.norm(kept[1], axis=0)
     np.testing.assert_allclose(basis @ basis.T, projector, atol=0.02)
     np.testing.assert_allclose(held.traces.numpy(), [np.trace(flat_scatter), np.trace(spiky_scatter)], rtol=1e-9)
+
+
+def test_class_gaussians_with_no_direction_draw_each_class_at_its_mean_variance():
+    """Rank 0: a class's draws are isotropic with its own mean variance (two classes 10x apart in spread)."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.cat([torch.randn(500, 6, generator=gen) * torch.tensor([1.0, 2, 1, 1, 1, 1]),
+                   torch.randn(500, 6, generator=gen) * 10 + 5])
+    y = torch.arange(1000) // 500
+    held = ClassGaussians(6, rank=0)
+    held.add(x, y)
+    rows, classes = held.sample(50_000, 0.1, torch.Generator().manual_seed(1))
+    for c in (0, 1):
+        own = x[y == c].double()
+        draws = rows[torch.from_numpy(classes == c)].double()
+        target = own.var(dim=0).mean() * torch.eye(6, dtype=torch.float64)
+        torch.testing.assert_close(torch.cov(draws.T), target, rtol=0.05, atol=0.03 * float(target.max()))
 
 
 def test_class_gaussians_draw_only_classes_that_show_spread():
@@ -422,11 +440,14 @@ def test_class_gaussian_draws_have_each_class_own_mean_and_shrunk_covariance():
 def test_class_gaussians_name_a_checkpoint_they_cannot_resume():
     held = ClassGaussians(4, rank=2)
     held.add(torch.randn(10, 4), torch.arange(10) % 2)
-    with pytest.raises(ValueError, match="pooled scatter"):
+    # a pooled scatter (memcl before per-class covariances): the KeyError a resume reports as an older memcl's state
+    with pytest.raises(KeyError, match="factors"):
         ClassGaussians(4, rank=2).restore({"scatter": np.zeros((4, 4), np.float32), "sums": held.state()["sums"],
                                            "counts": held.state()["counts"], "classes": held.state()["classes"]})
-    with pytest.raises(ValueError, match=r"keep 2 directions per class.*keeps 3"):
+    with pytest.raises(ValueError, match=r"keep 2 directions of 4 features per class, this run 3 of 4"):
         ClassGaussians(4, rank=3).restore(held.state())
+    with pytest.raises(ValueError, match=r"keep 2 directions of 4 features per class, this run 2 of 5"):
+        ClassGaussians(5, rank=2).restore(held.state())
     twin = ClassGaussians(4, rank=2)
     twin.restore(held.state())
     gen_a, gen_b = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
