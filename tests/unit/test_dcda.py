@@ -424,6 +424,15 @@ def test_class_gaussian_draws_have_each_class_own_mean_and_shrunk_covariance(ran
         torch.testing.assert_close(torch.cov(draws.T), target, rtol=0.05, atol=0.05 * float(target.abs().max()))
 
 
+def test_class_gaussian_draws_of_a_small_class_use_its_unbiased_covariance():
+    """Five rows: the draws' covariance is the scatter over n − 1 = 4 (over n it would be 20 % smaller)."""
+    x = torch.tensor([[0.0, 1], [2, 0], [1, 3], [4, 1], [3, 5]])
+    held = ClassGaussians(2, rank=2)
+    held.add(x, torch.zeros(5, dtype=torch.int64))
+    rows, _ = held.sample(200_000, 1e-6, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(torch.cov(rows.T.double()), torch.cov(x.T.double()), rtol=0.02, atol=0.02)
+
+
 def test_class_gaussians_name_a_checkpoint_they_cannot_resume():
     held = ClassGaussians(4, rank=2)
     held.add(torch.randn(10, 4), torch.arange(10) % 2)
