@@ -224,8 +224,6 @@ class ClassGaussians:
     class's own covariance")."""
 
     def __init__(self, feature_dim: int, rank: int):
-        if rank < 0:
-            raise ValueError(f"stage2.gaussian_rank must be >= 0, got {rank}")
         self.rank = min(rank, feature_dim)
         self.factors = torch.zeros(0, feature_dim, self.rank)
         self.traces = torch.zeros(0, dtype=torch.float64)

@@ -433,6 +433,11 @@ def test_class_gaussian_draws_of_a_small_class_use_its_unbiased_covariance():
     torch.testing.assert_close(torch.cov(rows.T.double()), torch.cov(x.T.double()), rtol=0.02, atol=0.02)
 
 
+def test_stage2_config_refuses_a_negative_gaussian_rank():
+    with pytest.raises(ValueError, match=r"gaussian_rank >= 0, got .*, -1$"):
+        Stage2Config(gaussian_rank=-1)
+
+
 def test_class_gaussians_name_a_checkpoint_they_cannot_resume():
     held = ClassGaussians(4, rank=2)
     held.add(torch.randn(10, 4), torch.arange(10) % 2)
