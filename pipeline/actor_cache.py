@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import ray
 from ray import exceptions as rex
@@ -56,7 +57,17 @@ class ActorCache:
     def handle(self, role: str) -> ray.actor.ActorHandle:
         return self.handles[role][3]
 
+    def pids(self, roles: list[str] | None = None) -> dict[str, int]:
+        """The process id of each role's actor (`roles`; None: every role); on a local cluster the driver can read
+        those processes (memory, CPU time)."""
+        roles = list(self.handles) if roles is None else roles
+        return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_pid) for r in roles])))
+
     def close(self) -> None:
         for *_, handle in self.handles.values():
             ray.kill(handle)
         self.handles.clear()
+
+
+def _pid(actor) -> int:  # run in an actor by `__ray_call__`, which passes the actor instance first
+    return os.getpid()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -74,10 +73,8 @@ class Sampler:
         self.last_round = -1
 
     def _rss(self, pipe: FeaturePipeline) -> dict[str, int]:
-        if not self.pids:  # on a local cluster the driver can read every actor's process
-            handles = {role: pipe.roles.handle(role) for role in pipe.roles.names}
-            self.pids = dict(zip(handles, ray.get([h.__ray_call__.remote(lambda self: os.getpid())
-                                                   for h in handles.values()])))
+        if not self.pids:
+            self.pids = pipe.roles.actors.pids(pipe.roles.names)
         rss = {f"rss.{role}": psutil.Process(pid).memory_info().rss for role, pid in self.pids.items()}
         rss["rss.driver"] = psutil.Process().memory_info().rss
         return rss

@@ -8,14 +8,18 @@ Prints samples/s of each over the streaming phase (where data flows through the 
 follow it), the ratios (b)/(a) and (c)/(a), the chain overhead per batch ((stream wall - bare loop) / batches) of
 (b) and (c) next to Ray's own floor on this machine (the same batches through as many no-op actors as the pipeline
 has hops, with classic calls and compiled), and the per-stage busy time of each transport (source, encode, route,
-monitor, train, evaluate, and the streaming wall time no encoder was busy). (a), (b) and (c) alternate `repeats`
-times and the medians are reported (on a shared 2-core VM single timings vary by +-20 %).
+monitor, train, evaluate, and the streaming wall time no encoder was busy). A third table accounts for every
+core while the chain streams: CPU milliseconds per batch of each actor's process, of the driver and of the rest of
+the machine (Ray's raylet and GCS, the idle trainers), against the bare loop's own CPU per batch; where the pipeline's
+total over the cores it has is its wall time, the machine, not a stage, is the bottleneck. (a), (b) and (c) alternate
+`repeats` times and the medians are reported (on a shared 2-core VM single timings vary by +-20 %).
 Writes throughput.csv, stages.csv and throughput.png.
 """
 
 from __future__ import annotations
 
 import csv
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import psutil
 import pyarrow as pa
 import ray
 import torch
@@ -44,6 +49,7 @@ from pipeline.progress import InFlight, Progress
 CORES = 2  # the machine this is measured on; encoder threads are split between replicas
 TRANSPORTS = ("actors", "compiled")
 STAGES = ("source", "encode", "route", "monitor", "train", "evaluate", "ray_overhead")
+CPU_ROLES = ("source", "encode", "memory", "monitor", "driver", "rest")
 
 
 @dataclass
@@ -84,9 +90,10 @@ def raw_batch(ds: Dataset, rows: np.ndarray) -> pa.RecordBatch:
     return S.raw_batch(rows, S.IMAGE, ds.train_x[rows], ds.train_y[rows], image_shape=(28, 28))
 
 
-def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, case: Case) -> float:
-    """Seconds for the pipeline's per-batch work in this process, on one stream: the raw batch, encoded (or the
-    cached features sliced into a feature batch), gated, observed by a fresh MARS learner."""
+def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, case: Case) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) for the pipeline's per-batch work in this process, on one stream:
+    the raw batch, encoded (or the cached features sliced into a feature batch), gated, observed by a fresh MARS
+    learner."""
     bs = case.batch_size
     chunks = [rows[a:a + bs] for a in range(0, len(rows), bs)]
     cached = [encoder.encode(raw_batch(ds, chunk)) for chunk in chunks] if case.cached else None
@@ -99,10 +106,55 @@ def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, case: Case) -> fl
     learner = build_learner("mars", MethodConfig(), feature_dim=encoder.dim)
     learner.observe(gate(features(0), contract)[0])  # warm-up, as the pipeline's actors are before they are timed
     learner = build_learner("mars", MethodConfig(), feature_dim=encoder.dim)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for k in range(len(chunks)):
         learner.observe(gate(features(k), contract)[0])
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds every core of this machine has spent busy since boot (what another VM took excluded)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "steal", 0.0) - getattr(t, "guest", 0.0)
+
+
+class CpuMeter:
+    """The on_batch hook of a timed pipeline run. It reads the CPU time of each chain actor's process, of this
+    driver and of the whole machine when the `skip + 1`-th batch is submitted (the chain full, no longer filling)
+    and when the last one is, and gives them per batch streamed between the two: a few reads of /proc each time,
+    not charged to any stage. Linux counts CPU time in clock ticks (10 ms), so a window of a few batches reads
+    coarsely; the bench's cases stream 9 to 100 batches."""
+
+    def __init__(self, pids: dict[str, int], batches: int, skip: int):
+        self.processes = {role: psutil.Process(pid) for role, pid in pids.items()}
+        self.batches, self.skip = batches, max(min(skip, batches - 2), 0)  # two marks on any stream of 2+ batches
+        self.calls = 0
+        self.marks: list[tuple[float, dict[str, float]]] = []
+
+    def __call__(self, visit: int, index: int) -> None:
+        self.calls += 1
+        if self.calls in (self.skip + 1, self.batches):
+            self.marks.append((time.perf_counter(), self._sample()))
+
+    def _sample(self) -> dict[str, float]:
+        seconds = {role: sum(p.cpu_times()[:4]) for role, p in self.processes.items()}  # user, system, children
+        seconds["driver"] = sum(psutil.Process(os.getpid()).cpu_times()[:4])
+        seconds["machine"] = busy_cpu_seconds()
+        return seconds
+
+    def per_batch(self) -> dict[str, float]:
+        """Milliseconds per batch: `wall`, the CPU of each of CPU_ROLES (`rest`: the machine's busy time that no
+        chain process or the driver accounts for) and `total` (the machine's); `batches`: how many were streamed
+        between the two reads."""
+        (t0, a), (t1, b) = self.marks
+        batches = self.batches - 1 - self.skip
+        spent = {role: b[role] - a[role] for role in b}
+        out = {"wall": t1 - t0, "source": spent.get("source", 0.0), "memory": spent.get("memory", 0.0),
+               "monitor": spent.get("monitor", 0.0), "driver": spent["driver"],
+               "encode": sum(v for role, v in spent.items() if role.startswith("encoder"))}
+        out["total"] = spent["machine"]
+        out["rest"] = max(out["total"] - sum(out[r] for r in CPU_ROLES if r != "rest"), 0.0)
+        return {**{k: 1000 * v / batches for k, v in out.items()}, "batches": batches}
 
 
 @ray.remote(num_cpus=0)
@@ -157,7 +209,8 @@ def ray_floor(batches: list[pa.RecordBatch], hops: int, in_flight: int) -> dict[
     return {"actors": classic, "compiled": compiled}
 
 
-def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: ActorCache, transport: str) -> dict:
+def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: ActorCache, transport: str,
+                 meter: CpuMeter | None = None) -> dict:
     config = load_config(overrides={
         "stream.tasks": 1, "stream.train_per_class": images_per_class(images), "stream.test_per_class": 20,
         "stream.batch_size": case.batch_size, "encoder.spec.name": case.encoder,
@@ -166,7 +219,7 @@ def pipeline_run(case: Case, images: int, image_size: int, out: Path, actors: Ac
         "method.stage1.optim.epochs": 2, "method.stage2.optim.epochs": 2,
         "runtime.cache_dir": str(out.parent / "cache") if case.cached else "", "runtime.checkpoint": False,
         "runtime.progress": False, "runtime.out": str(out), "runtime.transport": transport})
-    return runner.run(config, actors=actors).metrics
+    return runner.run(config, actors=actors, on_batch=meter).metrics
 
 
 def stages(metrics: dict, replicas: int) -> dict[str, float]:
@@ -193,15 +246,20 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
     encoder = build_encoder(EncoderSpec(case.encoder, image_size=image_size, device="cpu"))
     for transport in TRANSPORTS:  # warm-up: every actor started (and, cached, the feature cache filled)
         pipeline_run(case, images if case.cached else case.batch_size, image_size, out, actors, transport)
-    bares: list[float] = []
-    runs: dict[str, list[dict]] = {t: [] for t in TRANSPORTS}
+    pids = actors.pids([role for role in actors.handles if role in ("source", "memory", "monitor")
+                        or (role.startswith("encoder") and not case.cached)])  # an earlier case's encoders idle
+    batches = -(-len(rows) // case.batch_size)
+    bares: list[tuple[float, float]] = []
+    runs: dict[str, list[tuple[dict, dict]]] = {t: [] for t in TRANSPORTS}
     for _ in range(repeats):  # alternate, so slow spells of the machine hit every side
         bares.append(bare_loop(encoder, ds, rows, case))
         for transport in TRANSPORTS:
-            runs[transport].append(pipeline_run(case, images, image_size, out, actors, transport))
-    bare = float(np.median(bares))
-    n = runs["actors"][0]["samples"]["stream"]
-    if {m["samples"]["stream"] for ms in runs.values() for m in ms} != {len(rows)}:
+            meter = CpuMeter(pids, batches, skip=RuntimeConfig().max_in_flight)
+            metrics = pipeline_run(case, images, image_size, out, actors, transport, meter)
+            runs[transport].append((metrics, meter.per_batch()))
+    bare, bare_cpu = (float(np.median(x)) for x in zip(*bares))
+    n = runs["actors"][0][0]["samples"]["stream"]
+    if {m["samples"]["stream"] for ms in runs.values() for m, _ in ms} != {len(rows)}:
         raise RuntimeError(f"{case}: the transports streamed other rows than the bare loop's {len(rows)}")
     # the floor moves what the source emits (raw images, or feature batches of the cached features' width)
     # through as many hops as the classic chain makes per batch: source, [encoder], memory.route, monitor.observe
@@ -209,12 +267,12 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
     emitted = ([S.feature_batch(c, np.zeros((len(c), encoder.dim), np.float32), ds.train_y[c]) for c in chunks]
                if case.cached else [raw_batch(ds, c) for c in chunks])
     floor = ray_floor(emitted, 3 if case.cached else 4, RuntimeConfig().max_in_flight)
-    batches = -(-n // case.batch_size)
     row = {"encoder": case.label, "batch_size": case.batch_size, "replicas": case.replicas, "images": n,
-           "repeats": repeats, "bare_samples_per_s": n / bare, "seconds.bare": bare}
+           "repeats": repeats, "bare_samples_per_s": n / bare, "seconds.bare": bare,
+           "bare.cpu_ms_per_batch": 1000 * bare_cpu / batches}
     stage_rows = []
-    for transport, metrics in runs.items():
-        median = sorted(metrics, key=lambda m: m["wall_seconds"]["stream"])[len(metrics) // 2]
+    for transport, measured in runs.items():
+        median, cpu = sorted(measured, key=lambda m: m[0]["wall_seconds"]["stream"])[len(measured) // 2]
         wall = median["wall_seconds"]["stream"]
         row.update({f"{transport}.samples_per_s": n / wall, f"{transport}.ratio": bare / wall,
                     f"{transport}.overhead_ms_per_batch": 1000 * (wall - bare) / batches,
@@ -222,7 +280,8 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
                     f"{transport}.stream_wall": wall})
         stage_rows.append({"encoder": case.label, "batch_size": case.batch_size, "replicas": case.replicas,
                            "transport": transport, **{f"seconds.{k}": v for k, v in
-                                                      stages(median, case.replicas).items()}})
+                                                      stages(median, case.replicas).items()},
+                           **{f"cpu_ms.{k}": v for k, v in cpu.items()}})
     return row, stage_rows
 
 
@@ -278,6 +337,14 @@ def table(rows: list[dict], stage_rows: list[dict]) -> str:
     for r in stage_rows:
         lines.append(f"| {r['encoder']} | {r['batch_size']} | {r['replicas']} | {r['transport']} | "
                      + " | ".join(f"{r[f'seconds.{s}']:.2f}" for s in STAGES) + " |")
+    bare_cpu = {(r["encoder"], r["batch_size"], r["replicas"]): r["bare.cpu_ms_per_batch"] for r in rows}
+    lines += ["", "| stream | batch | replicas | transport | wall ms/batch | " + " | ".join(CPU_ROLES)
+              + " | total CPU ms/batch | cores busy | bare loop CPU ms/batch |", "|" + "---|" * (8 + len(CPU_ROLES))]
+    for r in stage_rows:
+        lines.append(f"| {r['encoder']} | {r['batch_size']} | {r['replicas']} | {r['transport']} | "
+                     f"{r['cpu_ms.wall']:.2f} | " + " | ".join(f"{r[f'cpu_ms.{c}']:.2f}" for c in CPU_ROLES)
+                     + f" | {r['cpu_ms.total']:.2f} | {r['cpu_ms.total'] / r['cpu_ms.wall']:.2f} | "
+                     f"{bare_cpu[r['encoder'], r['batch_size'], r['replicas']]:.2f} |")
     return "\n".join(lines)
 
 
