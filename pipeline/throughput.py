@@ -123,7 +123,7 @@ class CpuMeter:
     driver and of the whole machine when the `skip + 1`-th batch is submitted (the chain full, no longer filling)
     and when the last one is, and gives them per batch streamed between the two: a few reads of /proc each time,
     not charged to any stage. Linux counts CPU time in clock ticks (10 ms), so a window of a few batches reads
-    coarsely; the bench's cases stream 9 to 100 batches."""
+    coarsely; the bench's cases stream 5 to 100 batches."""
 
     def __init__(self, pids: dict[str, int], batches: int, skip: int):
         self.processes = {role: psutil.Process(pid) for role, pid in pids.items()}
