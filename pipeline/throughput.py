@@ -115,7 +115,8 @@ def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, case: Case) -> tu
 def busy_cpu_seconds() -> float:
     """CPU seconds every core of this machine has spent busy since boot (what another VM took excluded)."""
     t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "steal", 0.0) - getattr(t, "guest", 0.0)
+    idle = ("idle", "iowait", "steal", "guest", "guest_nice")  # guest time is also counted in user time
+    return sum(t) - sum(getattr(t, field, 0.0) for field in idle)
 
 
 class CpuMeter:
@@ -123,7 +124,8 @@ class CpuMeter:
     driver and of the whole machine when the `skip + 1`-th batch is submitted (the chain full, no longer filling)
     and when the last one is, and gives them per batch streamed between the two: a few reads of /proc each time,
     not charged to any stage. Linux counts CPU time in clock ticks (10 ms), so a window of a few batches reads
-    coarsely; the bench's cases stream 5 to 100 batches."""
+    coarsely. A stream too short for `skip` (the batch-512 case's 5 batches) is read from its second-to-last
+    submission on, while the chain still fills: one batch, at the tick's resolution."""
 
     def __init__(self, pids: dict[str, int], batches: int, skip: int):
         self.processes = {role: psutil.Process(pid) for role, pid in pids.items()}
@@ -137,8 +139,8 @@ class CpuMeter:
             self.marks.append((time.perf_counter(), self._sample()))
 
     def _sample(self) -> dict[str, float]:
-        seconds = {role: sum(p.cpu_times()[:4]) for role, p in self.processes.items()}  # user, system, children
-        seconds["driver"] = sum(psutil.Process(os.getpid()).cpu_times()[:4])
+        seconds = {role: _user_system(p) for role, p in self.processes.items()}
+        seconds["driver"] = _user_system(psutil.Process(os.getpid()))
         seconds["machine"] = busy_cpu_seconds()
         return seconds
 
@@ -155,6 +157,11 @@ class CpuMeter:
         out["total"] = spent["machine"]
         out["rest"] = max(out["total"] - sum(out[r] for r in CPU_ROLES if r != "rest"), 0.0)
         return {**{k: 1000 * v / batches for k, v in out.items()}, "batches": batches}
+
+
+def _user_system(process: psutil.Process) -> float:
+    t = process.cpu_times()
+    return t.user + t.system
 
 
 @ray.remote(num_cpus=0)
@@ -246,8 +253,8 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
     encoder = build_encoder(EncoderSpec(case.encoder, image_size=image_size, device="cpu"))
     for transport in TRANSPORTS:  # warm-up: every actor started (and, cached, the feature cache filled)
         pipeline_run(case, images if case.cached else case.batch_size, image_size, out, actors, transport)
-    pids = actors.pids([role for role in actors.handles if role in ("source", "memory", "monitor")
-                        or (role.startswith("encoder") and not case.cached)])  # an earlier case's encoders idle
+    encoders = [] if case.cached else [f"encoder{i}" for i in range(case.replicas)]  # not an earlier case's idle ones
+    pids = actors.pids([role for role in actors.handles if role in ("source", "memory", "monitor", *encoders)])
     batches = -(-len(rows) // case.batch_size)
     bares: list[tuple[float, float]] = []
     runs: dict[str, list[tuple[dict, dict]]] = {t: [] for t in TRANSPORTS}
@@ -257,7 +264,7 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
             meter = CpuMeter(pids, batches, skip=RuntimeConfig().max_in_flight)
             metrics = pipeline_run(case, images, image_size, out, actors, transport, meter)
             runs[transport].append((metrics, meter.per_batch()))
-    bare, bare_cpu = (float(np.median(x)) for x in zip(*bares))
+    bare, bare_cpu = sorted(bares)[len(bares) // 2]  # the median repeat by wall time, with its CPU
     n = runs["actors"][0][0]["samples"]["stream"]
     if {m["samples"]["stream"] for ms in runs.values() for m, _ in ms} != {len(rows)}:
         raise RuntimeError(f"{case}: the transports streamed other rows than the bare loop's {len(rows)}")
