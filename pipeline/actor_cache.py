@@ -57,10 +57,9 @@ class ActorCache:
     def handle(self, role: str) -> ray.actor.ActorHandle:
         return self.handles[role][3]
 
-    def pids(self, roles: list[str] | None = None) -> dict[str, int]:
-        """The process id of each role's actor (`roles`; None: every role); on a local cluster the driver can read
-        those processes (memory, CPU time)."""
-        roles = list(self.handles) if roles is None else roles
+    def pids(self, roles: list[str]) -> dict[str, int]:
+        """The process id of each role's actor; on a local cluster the driver can read those processes (memory, CPU
+        time)."""
         return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_pid) for r in roles])))
 
     def close(self) -> None:

@@ -19,7 +19,6 @@ Writes throughput.csv, stages.csv and throughput.png.
 from __future__ import annotations
 
 import csv
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +127,7 @@ class CpuMeter:
     submission on, while the chain still fills: one batch, at the tick's resolution."""
 
     def __init__(self, pids: dict[str, int], batches: int, skip: int):
-        self.processes = {role: psutil.Process(pid) for role, pid in pids.items()}
+        self.processes = {**{role: psutil.Process(pid) for role, pid in pids.items()}, "driver": psutil.Process()}
         self.batches, self.skip = batches, max(min(skip, batches - 2), 0)  # two marks on any stream of 2+ batches
         self.calls = 0
         self.marks: list[tuple[float, dict[str, float]]] = []
@@ -140,7 +139,6 @@ class CpuMeter:
 
     def _sample(self) -> dict[str, float]:
         seconds = {role: _user_system(p) for role, p in self.processes.items()}
-        seconds["driver"] = _user_system(psutil.Process(os.getpid()))
         seconds["machine"] = busy_cpu_seconds()
         return seconds
 
