@@ -8,7 +8,7 @@ import pyarrow as pa
 import ray
 import torch
 
-from actors.clock import StageClock
+from memcl_ops.clock import StageClock
 from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
 from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot

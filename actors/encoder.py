@@ -7,10 +7,10 @@ import pyarrow as pa
 import ray
 import torch
 
-from actors.clock import StageClock
 from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticHead
 from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.gate import empty_dead_letters, gate
+from memcl_ops.clock import StageClock
 from memcl_ops.data.feature_cache import ContentCache
 from memcl_ops.models.encoders import EncoderSpec, build_encoder, encode_checked
 

@@ -12,9 +12,9 @@ import pyarrow as pa
 import ray
 import torch
 
-from actors.clock import StageClock
 from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.schema import with_predictions
+from memcl_ops.clock import StageClock
 from memcl_ops.miita.answers import adaptation, copy_answers, memory_from_state
 from memcl_ops.miita.directions import AdaptConfig, MemoryConfig, extract_directions
 from memcl_ops.models.causal_lm import LMSpec, load_lm

@@ -8,10 +8,10 @@ import pyarrow as pa
 import ray
 import torch
 
-from actors.clock import StageClock
 from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.schema import with_predictions
 from memcl_ops.baselines.lm_finetune import FinetuneConfig, finetune
+from memcl_ops.clock import StageClock
 from memcl_ops.models.causal_lm import LMSpec, load_lm
 from memcl_ops.models.lora import LoRAAdapters
 

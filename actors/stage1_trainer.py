@@ -1,54 +1,10 @@
-"""Stage1Trainer actor: DCDA stage 1 (memory parameters only) on the current block of data."""
+"""The Stage1Trainer actor: the DCDA stage-1 trainer role
+(memcl_ops/roles/stage1_trainer.py) in a Ray process of its own. The in-process learner runs the same role's code."""
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
 import ray
-import torch
-from ray.util.queue import Queue
 
-from actors.clock import StageClock
-from actors.progress import epoch_reporter
-from memcl_ops.arrow import schema as S
-from memcl_ops.mars.dcda import Stage1Config, train_stage1
-from memcl_ops.mars.router import RouterConfig, SlotRouter
-from memcl_ops.training import report_epochs
+from memcl_ops.roles import stage1_trainer as role
 
-
-@ray.remote
-class Stage1Trainer:
-    def __init__(self, feature_dim: int, router: RouterConfig, config: Stage1Config, seed: int, threads: int):
-        # torch imports torch._dynamo (~1-2 s here) when the first optimizer is built: pay it while the actor
-        # starts, not inside the first run's training time.
-        import torch._dynamo  # noqa: F401
-
-        self.reset(feature_dim, router, config, seed, threads)
-
-    def reset(self, feature_dim: int, router: RouterConfig, config: Stage1Config, seed: int, threads: int) -> None:
-        torch.set_num_threads(threads)
-        self.feature_dim, self.router_config, self.config, self.seed = feature_dim, router, config, seed
-        self.rounds = 0
-        self.losses: list[list[float]] = []
-        self.clock = StageClock()
-
-    def train(self, memory_state: dict[str, np.ndarray], *batches: pa.RecordBatch,
-              progress: Queue | None = None) -> dict[str, np.ndarray]:
-        """Return the memory state after stage 1 on `batches` (the classifier is not involved); each epoch is
-        reported on `progress` if given."""
-        with self.clock.time("stage1"), report_epochs(epoch_reporter(progress, "stage 1")):
-            router = SlotRouter.from_state(self.feature_dim, self.router_config, memory_state)
-            x, y, _ = S.labelled_block(batches)
-            if len(y):
-                self.losses.append(train_stage1(router, x, y, self.config, seed=self.seed * 100_003 + self.rounds))
-            self.rounds += 1
-            return router.state()
-
-    def state(self) -> dict[str, np.ndarray]:
-        return {"rounds": np.array(self.rounds)}
-
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.rounds = int(state["rounds"])
-
-    def timings(self) -> dict:
-        return self.clock.report()
+Stage1Trainer = ray.remote(role.Stage1Trainer)

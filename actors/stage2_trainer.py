@@ -1,100 +1,10 @@
-"""Stage2Trainer actor: the method's head learner (DCDA stage 2 for MARS; the baselines' heads), its teacher
-snapshot, and evaluation through the frozen memory it was trained with."""
+"""The Stage2Trainer actor: the stage-2 (head) trainer role
+(memcl_ops/roles/stage2_trainer.py) in a Ray process of its own. The in-process learner runs the same role's code."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-
-import numpy as np
-import pyarrow as pa
 import ray
-import torch
-from ray.util.queue import Queue
 
-from actors.clock import StageClock
-from actors.progress import epoch_reporter
-from memcl_ops.arrow import schema as S
-from memcl_ops.mars.router import SlotRouter
-from memcl_ops.methods import MethodConfig, build_head, method_spec
-from memcl_ops.training import report_epochs
+from memcl_ops.roles import stage2_trainer as role
 
-
-@ray.remote
-class Stage2Trainer:
-    def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int):
-        # torch imports torch._dynamo (~1-2 s here) when the first optimizer is built: pay it while the actor
-        # starts, not inside the first run's training time.
-        import torch._dynamo  # noqa: F401
-
-        self.reset(method, feature_dim, seed, threads)
-
-    def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int) -> None:
-        torch.set_num_threads(threads)
-        self.spec = method_spec(method.name)
-        self.method = self.spec.resolve(method)
-        self.feature_dim = feature_dim
-        self.learner = build_head(self.spec, self.method, feature_dim, seed)
-        self.memory: SlotRouter | None = None
-        self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
-        self.clock = StageClock()
-
-    def _set_memory(self, memory_state: dict[str, np.ndarray] | None) -> None:
-        if memory_state is None:
-            self.memory = None
-            return
-        self.memory = SlotRouter.from_state(self.feature_dim, self.method.router, memory_state)
-        self.memory.requires_grad_(False)
-
-    def train(self, memory_state: dict[str, np.ndarray] | None, *batches: pa.RecordBatch,
-              progress: Queue | None = None) -> dict[str, float]:
-        """Fit the head on `batches`; each training epoch is reported on `progress` if given."""
-        return self._train(memory_state, batches, self.learner.fit, progress)
-
-    def train_merged(self, statistics: dict[str, np.ndarray], memory_state: dict[str, np.ndarray] | None,
-                     *batches: pa.RecordBatch, progress: Queue | None = None) -> dict[str, float]:
-        """`train` for an analytic head whose statistics (these batches included) the encoder replicas summed and
-        the MemoryManager merged: the learner re-solves from them instead of summing the block itself."""
-        return self._train(memory_state, batches, partial(self.learner.fit_merged, statistics), progress)
-
-    def _train(self, memory_state: dict[str, np.ndarray] | None, batches: tuple[pa.RecordBatch, ...],
-               fit: Callable[..., dict[str, float]], progress: Queue | None) -> dict[str, float]:
-        with self.clock.time("stage2"), report_epochs(epoch_reporter(progress, "stage 2")):
-            self._set_memory(memory_state)
-            x, y, ids = S.labelled_block(batches)
-            self.learned.append(ids)
-            return fit(x, y, self.memory) if len(y) else {}
-
-    def end_task(self) -> None:
-        self.learner.end_task(self.memory)
-
-    def evaluate(self, batch: pa.RecordBatch | None) -> tuple[int, int]:
-        """(correct, total) on a labelled feature batch (None: every row was refused)."""
-        if batch is None:
-            return 0, 0
-        with self.clock.time("evaluate"):
-            pred = self.learner.predict(S.features_to_torch(batch), self.memory)
-            labels = S.labels_to_numpy(batch)
-            return int((pred == labels).sum()), len(labels)
-
-    def learned_ids(self) -> np.ndarray:
-        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
-
-    def memory_bytes(self) -> dict[str, int]:
-        return self.learner.memory_bytes()
-
-    def state(self) -> dict[str, np.ndarray]:
-        out = {f"learner.{k}": v for k, v in self.learner.state().items()}
-        if self.memory is not None:
-            out.update({f"memory.{k}": v for k, v in self.memory.state().items()})
-        out["learned"] = self.learned_ids()
-        return out
-
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.learner.restore({k[8:]: v for k, v in state.items() if k.startswith("learner.")})
-        memory = {k[7:]: v for k, v in state.items() if k.startswith("memory.")}
-        self._set_memory(memory or None)
-        self.learned = [np.asarray(state["learned"])]
-
-    def timings(self) -> dict:
-        return self.clock.report()
+Stage2Trainer = ray.remote(role.Stage2Trainer)

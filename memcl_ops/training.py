@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -25,6 +26,20 @@ def report_epochs(hook: EpochHook | None) -> Iterator[None]:
         yield
     finally:
         _epoch_hooks.remove(hook)
+
+
+class ProgressQueue(Protocol):
+    """Where a role reports how far a long call has got: (label, done, total, loss) tuples; on Ray a
+    `ray.util.queue.Queue` the driver reads while it waits (pipeline/progress.py `Reports`)."""
+
+    def put_nowait(self, item: tuple[str, int, int, float]) -> None: ...
+
+
+def epoch_reporter(queue: ProgressQueue | None, label: str) -> EpochHook | None:
+    """An epoch hook for `report_epochs` that puts each epoch on `queue`, or None when nobody listens."""
+    if queue is None:
+        return None
+    return lambda done, total, loss: queue.put_nowait((label, done, total, loss))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The fast path of the features pipeline's per-batch chain (`runtime.transport: compiled`): the same actors and
-methods as the classic chain (pipeline/features.py), wired once into a Ray Compiled Graph, so a batch moves
+the same flow (memcl_ops/roles/features.py) as the classic chain (pipeline/features.py), its calls bound once into
+a Ray Compiled Graph, so a batch moves
 between them through shared-memory channels instead of a task submission and an object-store round trip per hop.
 
 One execution is one step of R batches, R = the encoder replicas (1 without encoders):
@@ -31,6 +32,9 @@ import ray
 from ray.dag import DAGContext, InputNode, MultiOutputNode
 from ray.dag.context import DEFAULT_BUFFER_SIZE_BYTES
 
+from memcl_ops.roles.features import FeatureFlow
+from pipeline.executors import GraphBinding
+
 Handle = ray.actor.ActorHandle
 
 
@@ -39,6 +43,7 @@ class ChainActors:
     """The actors one step passes through (None: the method has no such role)."""
 
     source: Handle
+    flow: Callable[[GraphBinding], FeatureFlow]  # the method's flow over the roles it is given
     encoders: Sequence[Handle] = ()
     memory: Handle | None = None
     monitor: Handle | None = None
@@ -86,13 +91,11 @@ class CompiledChain:
                 features.append(batch)
             if a.memory is None:  # nothing per batch past the features: they come back to the driver
                 return MultiOutputNode([*letters, *features])
+            flow = a.flow(GraphBinding({"memory": a.memory, "monitor": a.monitor}))
+            tails = [flow.learn_batch(batch, keep=True) for batch in features]
             if a.monitor is None:  # every routing is an output: a graph may not end in a node nobody reads
-                return MultiOutputNode([*letters, *(a.memory.route.bind(batch, None, True) for batch in features)])
-            expansions = None
-            for batch in features:
-                routed = a.memory.route.bind(batch, expansions, True)
-                expansions = a.monitor.observe.bind(routed, batch)
-            return MultiOutputNode([*letters, a.memory.expand.bind(expansions)])
+                return MultiOutputNode([*letters, *tails])
+            return MultiOutputNode([*letters, flow.end_stream()])
 
     def stream(self, batches: Sequence[tuple[int, int]], on_step: Callable[[Sequence[tuple[int, int]]], None]
                ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:

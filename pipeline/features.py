@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from actors.memory_manager import MemoryManager, Stores
+from actors.memory_manager import MemoryManager
 from actors.novelty_monitor import NoveltyMonitor
 from actors.stage1_trainer import Stage1Trainer
 from actors.stage2_trainer import Stage2Trainer
@@ -31,15 +31,20 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import MethodSpec
+from memcl_ops.roles.features import FeatureFlow, role_plan
+from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds, seen_after
 from pipeline import checkpoint, preflight, runner
 from pipeline.actor_cache import ActorCache
 from pipeline.compiled_chain import ChainActors, CompiledChain
 from pipeline.config import RunConfig
 from pipeline.encoder_pool import EncoderPool
+from pipeline.executors import ActorCalls
 from pipeline.progress import InFlight, Progress, Reports
-from pipeline.runner import BatchHook, Roles, RoundBatches, RoundOutcome, RunState, plan_rounds
+from pipeline.runner import BatchHook, Roles, RoundOutcome, RunState
 
 log = logging.getLogger("memcl")
+
+ACTORS = {"memory": MemoryManager, "monitor": NoveltyMonitor, "stage1": Stage1Trainer, "stage2": Stage2Trainer}
 
 
 class FeaturePipeline:
@@ -61,30 +66,20 @@ class FeaturePipeline:
         self.inline = self.encoders is not None and not self.features  # no feature cache: encode on the fly
         # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
         self.content_cache = rt.cache_dir if self.inline and rt.cache_dir else None
-        self.expansions: ray.ObjectRef | None = None  # the monitor's verdict on the last batch, not yet applied
         self.method = method = spec.resolve(config.method)
-        seed, threads, dim = config.seed, rt.actor_threads, info.feature_dim
         # Learner actors do little work per call (the encoders hold the CPUs); Ray restarts them after a crash.
         light = {"num_cpus": 0, "max_restarts": rt.max_restarts}
-        names = ["source"]
         # An analytic head over features encoded in-line: each encoder replica sums the statistics of the batches it
         # encodes and the MemoryManager's statistics store merges them.
         self.merges = spec.mergeable and self.inline and method.analytic.accumulate_in == "encoders"
-        if spec.memory or self.merges:
-            # One torch thread: it routes every batch while the encoders run, and a second thread would fight
-            # them for the cores (`memcl bench throughput`).
-            stores = Stores(slots=method.router, max_slots=method.sgse.max_slots) if spec.memory else Stores()
-            actors.get("memory", MemoryManager, light, dim, stores, seed, 1)
-            names.append("memory")
-        if spec.sgse:
-            actors.get("monitor", NoveltyMonitor, light, method.sgse)
-            names.append("monitor")
-        if spec.stage1:
-            actors.get("stage1", Stage1Trainer, light, dim, method.router, method.stage1, seed, threads)
-            names.append("stage1")
-        actors.get("stage2", Stage2Trainer, light, method, dim, seed, threads)
-        names.append("stage2")
+        names = ["source"]
+        plan = role_plan(spec, config.method, info.feature_dim, config.seed, merges=self.merges,
+                         threads=rt.actor_threads)
+        for role, (_, args) in plan.items():
+            actors.get(role, ACTORS[role], light, *args)
+            names.append(role)
         self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else ())
+        self.flow = FeatureFlow(ActorCalls(self.roles.handle), spec, config.method)
         self.chain: CompiledChain | None = None
         self.message_bytes: int | None = None
         self._prepare_encoders()
@@ -118,38 +113,18 @@ class FeaturePipeline:
         batch, refused = self.source.train_batch.remote(visit, index)
         letters.append(refused)
         feats = self._features(batch, letters, accumulate=self.merges)
-        tail = feats
-        if self.spec.memory:
-            tail = routed = self.memory.route.remote(feats, self.expansions)
-            if self.monitor is not None:
-                tail = self.expansions = self.monitor.observe.remote(routed, feats)
+        tail = self.flow.learn_batch(feats)
         return feats, tail
 
     def consolidate(self, block: list[ray.ObjectRef], reports: Reports, what: str
                     ) -> tuple[dict, dict[str, float]]:
         """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot;
         the trainers' epochs are shown as `what` stage 1 / stage 2 bars. Returns (report, seconds per stage)."""
-        out: dict = {}
-        t0 = time.perf_counter()
-        if self.expansions is not None:  # the last batch's expansions (the next route call applies the others)
-            ray.get(self.memory.expand.remote(self.expansions))
-            self.expansions = None
-        queue = reports.queue
-        if self.stage1 is not None:
-            trained = self.stage1.train.remote(self.memory.memory_state.remote(), *block, progress=queue)
-            reports.get(trained, what)
-            ray.get(self.memory.load_memory.remote(trained))
-        t1 = time.perf_counter()
-        memory = self.memory.memory_state.remote() if self.spec.memory else None
-        if self.merges:
-            merged = self.memory.merge_statistics.remote(*self.encoders.take_statistics(),
-                                                         half_life=self.method.analytic.half_life)
-            out["stage2"] = reports.get(self.stage2.train_merged.remote(merged, memory, *block, progress=queue), what)
-        else:
-            out["stage2"] = reports.get(self.stage2.train.remote(memory, *block, progress=queue), what)
-        ray.get(self.stage2.end_task.remote())
+        partials = self.encoders.take_statistics() if self.merges else None
+        out, seconds = self.flow.consolidate(block, partials=partials, progress=reports.queue,
+                                             wait=lambda ref: reports.get(ref, what))
         out["epoch_losses"] = reports.take_losses()
-        return out, {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
+        return out, seconds
 
     def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
                      ) -> RoundOutcome:
@@ -171,20 +146,13 @@ class FeaturePipeline:
         seconds.update(trained)
 
         t_eval = time.perf_counter()
-        ended = [v for v, i in batches if i == info.visit_batches[v] - 1]
-        seen = list(state.seen_tasks)
-        for v in sorted({v for v, _ in batches}):
-            seen += [t for t in ray.get(self.source.visit_tasks.remote(v)) if t not in seen]
+        schedule = Schedule(self.task_free, self.rounds, rt.evaluate_every, rt.evaluate_window)
+        ended = schedule.ended(info, batches)
+        seen = seen_after(state.seen_tasks, ray.get([self.source.visit_tasks.remote(v)
+                                                     for v in sorted({v for v, _ in batches})]))
         accuracy: dict[int, float] = {}
-        if self.task_free:  # every evaluate_every-th round is an evaluation point, and the last
-            r = state.next_round
-            due = (r + 1) % rt.evaluate_every == 0 or r == self.rounds - 1
-        else:
-            due = any(v == len(info.visits) - 1 or (v + 1) % rt.evaluate_every == 0 for v in ended)
-        if due:
-            recent = seen if rt.evaluate_window is None else seen[-rt.evaluate_window:]
-            # the test data as of the last visit ended (a drifting stream tests where its classes have moved)
-            accuracy = self.evaluate(sorted(recent), ended[-1] if ended else max(last - 1, 0), letters)
+        if schedule.due(info, state.next_round, ended):
+            accuracy = self.evaluate(schedule.tasks(seen), schedule.test_visit(batches, ended), letters)
         refused = [t for t in [*refused, *ray.get(letters)] if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
@@ -211,7 +179,8 @@ class FeaturePipeline:
         if rt.transport != "compiled":
             return
         self.chain = CompiledChain(ChainActors(
-            self.source, self.encoders.replicas if self.inline else (), self.memory if self.spec.memory else None,
+            self.source, lambda binding: FeatureFlow(binding, self.spec, self.config.method),
+            self.encoders.replicas if self.inline else (), self.memory if self.spec.memory else None,
             self.monitor, accumulate=self.merges),
             rt.max_in_flight, rt.compiled_timeout_s, self._message_bytes())
 
@@ -253,7 +222,7 @@ class FeaturePipeline:
             for k in range(self.info.test_batches[t]):
                 batch, refused = self.source.test_batch.remote(t, k, after_visit)
                 letters.append(refused)
-                refs[t].append(self.stage2.evaluate.remote(self._features(batch, letters)))
+                refs[t].append(self.flow.evaluate(self._features(batch, letters)))
         accuracy = {}
         for t, parts in refs.items():
             counts = np.array(ray.get(parts)).reshape(-1, 2).sum(axis=0)
@@ -261,15 +230,12 @@ class FeaturePipeline:
         return accuracy
 
     def memory_report(self) -> dict[str, int]:
-        """Bytes of all persistent memory: the MemoryManager's stores and the novelty monitor's references."""
-        report = ray.get(self.memory.memory_report.remote()) if self.memory is not None else {}
-        if self.monitor is not None:
-            report["monitor"] = ray.get(self.monitor.nbytes.remote())
-        return report
+        """Bytes of all persistent memory: the MemoryManager's stores, the novelty monitor's references, the head."""
+        return self.flow.memory_report()
 
     def revive(self, parts: dict[str, checkpoint.State]) -> None:
         """After a fault: every role alive and reset, the source given its features again, all restored."""
-        self.expansions = None  # belonged to the replayed round
+        self.flow.expansions = None  # belonged to the replayed round
         self.close()  # the fault shut the compiled graph down; it is compiled again over the revived actors below
         self.roles.revive()
         if self.encoders is not None:
@@ -288,11 +254,9 @@ class FeaturePipeline:
             self.encoders.flush_cache()
         history = ray.get(self.memory.history.remote()) if self.spec.memory else {}
         monitor = ray.get(self.monitor.counters.remote()) if self.monitor is not None else {}
-        head_bytes = ray.get(self.stage2.memory_bytes.remote())
         return {"slots": {"history": history.get("slot_history", []), "expansions": history.get("expansions", []),
                           "refused_expansions": history.get("refused_expansions", 0), "monitor": monitor},
-                "memory_bytes": {**{k: v for k, v in self.memory_report().items() if k != "num_slots"},
-                                 **{f"head.{k}": v for k, v in head_bytes.items()}},
+                "memory_bytes": {k: v for k, v in self.memory_report().items() if k != "num_slots"},
                 "encoders": self.encoders.info if self.encoders is not None else []}
 
 

@@ -36,7 +36,7 @@ import ray
 
 from actors.lm_encoder import LMEncoder
 from actors.lm_trainer import LMTrainer
-from actors.memory_manager import MemoryManager, Stores
+from actors.memory_manager import MemoryManager
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream
@@ -44,6 +44,8 @@ from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import LMMethodConfig, family_methods, lm_method
 from memcl_ops.miita.directions import MemoryConfig
 from memcl_ops.models.causal_lm import LMSpec, check_lm_name
+from memcl_ops.roles.memory_manager import Stores
+from memcl_ops.rounds import RoundBatches, plan_rounds
 from pipeline import checkpoint, preflight, report, runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import ConfigError, dump_config, load_config
@@ -191,8 +193,8 @@ class LMPipeline:
         budget = self.method.hybrid.budgets(self.spec.budget)[0] if both else self.spec.budget
         return replace(self.method.memory, budget_bytes=budget)
 
-    def plan(self) -> list[runner.RoundBatches]:
-        return runner.plan_rounds(self.info, task_free=False, every=0)
+    def plan(self) -> list[RoundBatches]:
+        return plan_rounds(self.info, task_free=False, every=0)
 
     def learn(self, task: int, on_batch: runner.BatchHook | None, bars: Progress) -> dict:
         """Absorb one task's training pairs, batch by batch; returns what the method reports about it."""
@@ -247,7 +249,7 @@ class LMPipeline:
                     for b, k in zip(batches, ctx.query_keys[task])]
         return [ctx.encoder.generate.remote(b, tokens) for b in batches]
 
-    def stream_round(self, batches: runner.RoundBatches, state: runner.RunState, reports: Reports,
+    def stream_round(self, batches: RoundBatches, state: runner.RunState, reports: Reports,
                      on_batch: runner.BatchHook | None) -> runner.RoundOutcome:
         """Learn one task, then answer the tasks due: every seen one, or (new_and_final) the new one and, after the
         last task, all."""

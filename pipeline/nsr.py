@@ -23,15 +23,17 @@ import pyarrow as pa
 import ray
 
 from actors.adapter_trainer import AdapterTrainer
-from actors.memory_manager import MemoryManager, Stores
+from actors.memory_manager import MemoryManager
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
 from memcl_ops.nsr.adapter import ArrivalPlan
+from memcl_ops.roles.memory_manager import Stores
+from memcl_ops.rounds import RoundBatches, plan_rounds
 from pipeline import checkpoint
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RunConfig
 from pipeline.progress import InFlight, Reports
-from pipeline.runner import BatchHook, Roles, RoundBatches, RoundOutcome, RunState, plan_rounds
+from pipeline.runner import BatchHook, Roles, RoundOutcome, RunState
 
 
 class NSRPipeline:

@@ -36,6 +36,7 @@ from ray import exceptions as rex
 from actors.stream_source import StreamSource
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
+from memcl_ops.rounds import RoundBatches, matrix_rows
 from pipeline import checkpoint, preflight, report
 from pipeline.actor_cache import ActorCache, is_fault
 from pipeline.config import ConfigError, RunConfig, RuntimeConfig, dump_config, load_config
@@ -47,7 +48,6 @@ log = logging.getLogger("memcl")
 
 BatchHook = Callable[[int, int], None]  # called with (visit, batch index) after each batch is submitted
 RoundHook = Callable[[int, "RunState", "StreamPipeline"], None]  # called after each round is committed
-RoundBatches = list[tuple[int, int]]  # the (visit, batch index) pairs of one round
 
 
 def ensure_ray(config) -> None:
@@ -189,16 +189,6 @@ class StreamPipeline(Protocol):
     def close(self) -> None: ...  # release what the pipeline holds besides its actors (a compiled graph)
 
 
-def plan_rounds(info: StreamInfo, task_free: bool, every: int) -> list[RoundBatches]:
-    """The units of consolidation, commit and replay: one visit each when task boundaries are given; K
-    consecutive batches regardless of visits when task-free (the learner is told nothing at boundaries;
-    evaluation still happens after the round in which a visit ends)."""
-    if not task_free:
-        return [[(v, i) for i in range(n)] for v, n in enumerate(info.visit_batches)]
-    flat = [(v, i) for v, n in enumerate(info.visit_batches) for i in range(n)]
-    return [flat[a:a + every] for a in range(0, len(flat), every)]
-
-
 def new_run_dir(out: str, name: str) -> Path:
     base = Path(out) / f"{time.strftime('%Y%m%d-%H%M%S')}-{name.replace(':', '_').replace('/', '_')}"
     path, n = base, 1
@@ -326,15 +316,10 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
     state.seen_tasks = outcome.seen
-    row = [outcome.accuracy.get(t, float("nan")) for t in range(len(pipe.info.task_classes))]
-    if pipe.task_free:  # a row per evaluation point; a round without evaluation adds none
-        if outcome.accuracy:
-            state.acc_rows.append(row)
-            state.rows.append({"round": r, "visits_ended": outcome.ended})
-    else:  # a row per visit, as evaluated after the round that ended it
-        for v in outcome.ended:
-            state.acc_rows.append(row)
-            state.rows.append({"round": r, "visit": v})
+    added = matrix_rows(outcome.accuracy, outcome.ended, len(pipe.info.task_classes), pipe.task_free)
+    state.acc_rows += added
+    state.rows += ([{"round": r, "visits_ended": outcome.ended}] * len(added) if pipe.task_free
+                   else [{"round": r, "visit": v} for v in outcome.ended])
     dead = outcome.dead
     if dead is not None and dead.num_rows:
         (run_dir / "dead_letters").mkdir(exist_ok=True)

@@ -27,6 +27,7 @@ import numpy as np
 import psutil
 import ray
 
+from memcl_ops.rounds import plan_rounds
 from pipeline import preflight, runner
 from pipeline.config import RunConfig, load_config
 from pipeline.features import FeaturePipeline
@@ -185,7 +186,7 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
 
     drift = DriftStream(config.data.drift, task_free)
     info = drift.describe()
-    rounds = runner.plan_rounds(info, task_free, config.method.consolidate_every)
+    rounds = plan_rounds(info, task_free, config.method.consolidate_every)
     per_visit = config.data.drift.train_per_visit
     event_starts = [v * per_visit for v in drift.novel_visits()]
     sampler = Sampler([sum(drift.batch_rows(i) for _, i in r) for r in rounds], config.method.router.initial_slots,

@@ -138,9 +138,9 @@ class ForgetsItsMonitor(FeatureLearner):
     """MARS whose restore leaves SGSE as it was built: a restore that is not exact."""
 
     def restore(self, state):
-        monitor, self.monitor = self.monitor, None
+        monitor = self.roles.pop("monitor")
         super().restore(state)
-        self.monitor = monitor
+        self.roles["monitor"] = monitor
 
 
 class HidesItsSlots(FeatureLearner):

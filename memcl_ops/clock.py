@@ -1,4 +1,4 @@
-"""Busy-time accounting shared by the actors (what the per-stage time breakdown reports)."""
+"""Busy-time accounting shared by the roles (what the per-stage time breakdown reports)."""
 
 from __future__ import annotations
 

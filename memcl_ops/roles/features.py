@@ -1,0 +1,112 @@
+"""The flow of a "features" method (MARS, its ablations, the baselines' heads, the analytic heads), written once.
+The in-process learner (memcl_ops/feature_learner.py) runs it over roles in this process, `memcl run` over actors
+(pipeline/features.py, by actor calls or a compiled graph); both through an `Executor`
+(memcl_ops/roles/executor.py), so both compute the same thing.
+
+Per training batch:   memory.route (applies the previous batch's expansions first) -> monitor.observe
+Per round:            memory.expand (the last batch's) -> stage1.train -> memory.load_memory
+                      -> stage2.train (the head, through the trained memory) -> stage2.end_task
+Evaluation:           stage2.evaluate / stage2.predict through the memory the head was trained with.
+
+Only the roles the method has exist (`role_plan`); a method without a slot memory hands its features straight to
+the head.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from memcl_ops.methods import MethodConfig, MethodSpec
+from memcl_ops.roles.executor import Executor
+from memcl_ops.roles.memory_manager import MemoryManager, Stores
+from memcl_ops.roles.novelty_monitor import NoveltyMonitor
+from memcl_ops.roles.stage1_trainer import Stage1Trainer
+from memcl_ops.roles.stage2_trainer import Stage2Trainer
+
+RolePlan = dict[str, tuple[type, tuple[Any, ...]]]  # role -> (its class, the constructor's arguments)
+
+
+def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int, *, merges: bool = False,
+              threads: int | None = None, device: str = "cpu") -> RolePlan:
+    """The roles a method has and how each is built. `merges`: the memory manager also merges analytic statistics
+    summed elsewhere (by encoder replicas); `threads`: the torch threads of each hosting process (None: leave
+    them); `device`: where routing and stage 1 compute."""
+    method = spec.resolve(config)
+    plan: RolePlan = {}
+    if spec.memory or merges:
+        stores = Stores(slots=method.router, max_slots=method.sgse.max_slots) if spec.memory else Stores()
+        # one thread: it routes every batch while encoders run, and a second thread would fight them for the cores
+        plan["memory"] = (MemoryManager, (feature_dim, stores, seed, None if threads is None else 1, device))
+    if spec.sgse:
+        plan["monitor"] = (NoveltyMonitor, (method.sgse,))
+    if spec.stage1:
+        plan["stage1"] = (Stage1Trainer, (feature_dim, method.router, method.stage1, seed, threads, device))
+    plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads))
+    return plan
+
+
+class FeatureFlow:
+    """One run's flow over its roles. Holds only the monitor's verdict on the last batch routed (its expansions,
+    applied by the next `route` call or at `consolidate`)."""
+
+    def __init__(self, executor: Executor, spec: MethodSpec, config: MethodConfig):
+        self.x, self.spec, self.method = executor, spec, spec.resolve(config)
+        self.expansions: Any = None
+
+    def learn_batch(self, features: Any, keep: bool = False) -> Any:
+        """Route one feature batch and let the monitor judge it; returns the last call (what a caller bounding the
+        calls in flight waits on), or `features` for a method without a slot memory. `keep`: the memory manager
+        also keeps the batch for `take_block` (a compiled graph, whose batches never reach the driver)."""
+        if not self.spec.memory:
+            return features
+        routed = self.x.call("memory", "route", features, self.expansions, keep)
+        if not self.spec.sgse:
+            return routed
+        self.expansions = self.x.call("monitor", "observe", routed, features)
+        return self.expansions
+
+    def end_stream(self) -> Any:
+        """The call that applies the last batch's expansions (None: nothing pending)."""
+        expansions, self.expansions = self.expansions, None
+        return None if expansions is None else self.x.call("memory", "expand", expansions)
+
+    def consolidate(self, block: list[Any], *, partials: list[Any] | None = None, progress: Any = None,
+                    wait: Callable[[Any], Any] | None = None) -> tuple[dict, dict[str, float]]:
+        """Stage 1, then the head (stage 2) and its task-end snapshot, on one round's block of feature batches.
+        `partials`: analytic statistics summed elsewhere, merged by the memory manager and solved from;
+        `progress`: where the trainers report epochs; `wait`: how a trainer's call is waited for (default `get`).
+        Returns (the head's report, seconds of stage 1 and of stage 2)."""
+        x, wait = self.x, wait or self.x.get
+        t0 = time.perf_counter()
+        pending = self.end_stream()
+        if pending is not None:
+            x.get(pending)
+        if self.spec.stage1:
+            trained = x.call("stage1", "train", x.call("memory", "memory_state"), *block, progress=progress)
+            wait(trained)
+            x.get(x.call("memory", "load_memory", trained))
+        t1 = time.perf_counter()
+        memory = x.call("memory", "memory_state") if self.spec.memory else None
+        if partials is not None:
+            merged = x.call("memory", "merge_statistics", *partials, half_life=self.method.analytic.half_life)
+            report = wait(x.call("stage2", "train_merged", merged, memory, *block, progress=progress))
+        else:
+            report = wait(x.call("stage2", "train", memory, *block, progress=progress))
+        x.get(x.call("stage2", "end_task"))
+        return {"stage2": report}, {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
+
+    def evaluate(self, features: Any) -> Any:
+        """(correct, total) on one labelled feature batch."""
+        return self.x.call("stage2", "evaluate", features)
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes of all persistent memory: the memory manager's stores (and the slot count), the monitor's
+        references and the head's parts (`head.*`)."""
+        x = self.x
+        report = x.get(x.call("memory", "memory_report")) if x.has("memory") else {}
+        if x.has("monitor"):
+            report["monitor"] = x.get(x.call("monitor", "nbytes"))
+        head = x.get(x.call("stage2", "memory_bytes"))
+        return {**report, **{f"head.{k}": v for k, v in head.items()}}

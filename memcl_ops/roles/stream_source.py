@@ -1,0 +1,91 @@
+"""The stream source role: owns one stream (a dataset plan, a user's Arrow folder or a generated drift stream) and
+gates every batch it emits: rows that break the contract leave as dead letters, never silently."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.gate import empty_dead_letters, gate
+from memcl_ops.clock import StageClock
+from memcl_ops.data.datasets import DatasetUnavailable
+from memcl_ops.data.sources import SourceSpec, StreamInfo, build_stream
+from memcl_ops.data.streams import StreamSpec
+
+
+class StreamSource:
+    def __init__(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None):
+        # Data that cannot be read is the user's error: kept and raised by describe(), the runner's first call,
+        # because a method's exception reaches the driver as itself, a constructor's only as a log and a text.
+        self.unreadable: Exception | None = None
+        try:
+            self.reset(source, stream, max_batch_rows)
+        except (ValueError, OSError, DatasetUnavailable) as err:
+            self.unreadable = err
+
+    def reset(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None) -> None:
+        self.unreadable = None
+        if getattr(self, "args", None) != (source, stream):  # keep a loaded dataset when nothing changed
+            self.args = None
+            self.stream = build_stream(source, stream)
+            self.args = (source, stream)
+        self.info: StreamInfo = self.stream.describe()
+        if self.info.cacheable:  # a kept dataset may still hold the features an earlier run handed it
+            self.stream.drop_cached_features()
+        self.max_batch_rows = max_batch_rows
+        self.clock = StageClock()
+
+    def describe(self) -> StreamInfo:
+        if self.unreadable is not None:
+            raise self.unreadable
+        return self.info
+
+    def contract(self) -> S.Contract:
+        """What the learner accepts: the stream's labels, and its feature dim or raw payload."""
+        features = self.info.feature_dim is not None  # raw streams get it once the feature cache filled them
+        return S.Contract(feature_dim=self.info.feature_dim if features else None,
+                          payload=None if features else self.info.payload,
+                          known_labels=frozenset(self.info.labels) if self.info.labels is not None else None,
+                          max_rows=self.max_batch_rows, require_labels=True)
+
+    def needed_rows(self, split: str) -> np.ndarray:
+        return self.stream.needed_rows(split)
+
+    def raw_rows(self, split: str, rows: np.ndarray) -> pa.RecordBatch:
+        return self.stream.raw_rows(split, rows)
+
+    def set_features(self, split: str, rows: np.ndarray, features: np.ndarray) -> None:
+        self.stream.set_features(split, rows, features)
+        self.info.feature_dim = int(features.shape[1])
+
+    def largest_batch_bytes(self) -> int:
+        """The Arrow bytes of the stream's largest training batch as emitted (raw rows, or features once cached):
+        what sizes the compiled chain's channels (pipeline/compiled_chain.py). Reads every batch once."""
+        return max((self.stream.train_batch(v, i).nbytes for v, n in enumerate(self.info.visit_batches)
+                    for i in range(n)), default=0)
+
+    def train_batch(self, visit: int | None, index: int | None) -> tuple[pa.RecordBatch | None, pa.Table]:
+        """(rows that pass the gate, dead letters) of one training batch; (None, none) for `visit` None, the empty
+        places of the compiled chain's last step of a round (pipeline/compiled_chain.py)."""
+        if visit is None:
+            return None, empty_dead_letters()
+        with self.clock.time("source"):
+            return gate(self.stream.train_batch(visit, index), self.contract())
+
+    def test_batch(self, task: int, index: int, after_visit: int) -> tuple[pa.RecordBatch | None, pa.Table]:
+        with self.clock.time("source"):
+            return gate(self.stream.test_batch(task, index, after_visit), self.contract())
+
+    def visit_tasks(self, visit: int) -> list[int]:
+        return self.stream.visit_tasks(visit)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"fingerprint": np.array(self.info.fingerprint)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        if str(state["fingerprint"]) != self.info.fingerprint:
+            raise ValueError("the checkpoint was written for a different stream (dataset, seed or split changed)")
+
+    def timings(self) -> dict:
+        return self.clock.report()

@@ -1,0 +1,134 @@
+"""Rounds and evaluation points of a stream, defined once: the runner (pipeline/runner.py) follows them with actors,
+`stream_in_process` with an in-process learner, so both fill the same accuracy matrix.
+
+* a round is a visit of a task, or K consecutive batches regardless of visits when task-free (`plan_rounds`);
+* after a round, the tasks seen so far (the last `window` of them, if set) are evaluated on their test data as of
+  the last visit ended, when the round ends a visit at an evaluation point (every `evaluate_every`-th visit and the
+  last; task-free: every `evaluate_every`-th round and the last);
+* the matrix gets one row per visit ended (task-free: one per evaluation point).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from memcl_ops.arrow import schema as S
+from memcl_ops.data.sources import StreamInfo
+from memcl_ops.learner import Round, StreamLearner
+from memcl_ops.roles.stream_source import StreamSource
+
+RoundBatches = list[tuple[int, int]]  # the (visit, batch index) pairs of one round
+
+
+def plan_rounds(info: StreamInfo, task_free: bool, every: int) -> list[RoundBatches]:
+    """The units of consolidation, commit and replay: one visit each when task boundaries are given; K
+    consecutive batches regardless of visits when task-free (the learner is told nothing at boundaries;
+    evaluation still happens after the round in which a visit ends)."""
+    if not task_free:
+        return [[(v, i) for i in range(n)] for v, n in enumerate(info.visit_batches)]
+    flat = [(v, i) for v, n in enumerate(info.visit_batches) for i in range(n)]
+    return [flat[a:a + every] for a in range(0, len(flat), every)]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a run evaluates and what."""
+
+    task_free: bool
+    rounds: int
+    evaluate_every: int = 1
+    window: int | None = None  # evaluate only the most recently first-trained tasks (None: all seen)
+
+    def ended(self, info: StreamInfo, batches: RoundBatches) -> list[int]:
+        """The visits a round ends."""
+        return [v for v, i in batches if i == info.visit_batches[v] - 1]
+
+    def due(self, info: StreamInfo, round_index: int, ended: list[int]) -> bool:
+        if self.task_free:
+            return (round_index + 1) % self.evaluate_every == 0 or round_index == self.rounds - 1
+        return any(v == len(info.visits) - 1 or (v + 1) % self.evaluate_every == 0 for v in ended)
+
+    def tasks(self, seen: list[int]) -> list[int]:
+        return sorted(seen if self.window is None else seen[-self.window:])
+
+    @staticmethod
+    def test_visit(batches: RoundBatches, ended: list[int]) -> int:
+        """The visit whose test data a round is evaluated on (a drifting stream tests where its classes moved)."""
+        return ended[-1] if ended else max(batches[-1][0] - 1, 0)
+
+
+def seen_after(seen: list[int], visit_tasks: Iterable[list[int]]) -> list[int]:
+    """The tasks trained so far, in order of first training, after visits with these tasks."""
+    seen = list(seen)
+    for tasks in visit_tasks:
+        seen += [t for t in tasks if t not in seen]
+    return seen
+
+
+def matrix_rows(accuracy: dict[int, float], ended: list[int], tasks: int, task_free: bool) -> list[list[float]]:
+    """The accuracy-matrix rows a round adds: one per visit ended (task-free: one if the round evaluated)."""
+    row = [accuracy.get(t, float("nan")) for t in range(tasks)]
+    if task_free:
+        return [row] if accuracy else []
+    return [row for _ in ended]
+
+
+@dataclass
+class InProcessRun:
+    """What `stream_in_process` leaves: the accuracy matrix, the rows refused at the gate, the learner's report per
+    round."""
+
+    rows: list[list[float]] = field(default_factory=list)
+    refused: list[pa.Table] = field(default_factory=list)
+    reports: list[dict] = field(default_factory=list)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return np.array(self.rows, dtype=float)
+
+    @property
+    def refused_ids(self) -> np.ndarray:
+        ids = [t.column(S.SAMPLE_ID).to_numpy() for t in self.refused if t.num_rows]
+        return np.sort(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+
+
+def stream_in_process(learner: StreamLearner, source: StreamSource, schedule: Schedule, every: int = 0
+                      ) -> InProcessRun:
+    """Stream `source` through `learner` in this process, round by round, with the runner's rounds and evaluation
+    points: the in-process executor of a run (`memcl run` is the actor one). `every`: batches per task-free round."""
+    info = source.describe()
+    out, seen = InProcessRun(), []
+    for r, batches in enumerate(plan_rounds(info, schedule.task_free, every)):
+        visits = sorted({v for v, _ in batches})
+        task = None if schedule.task_free else int(info.visits[visits[0]])
+        learner.begin_round(Round(r, task, None if task is None else tuple(info.task_classes[task])))
+        for v, i in batches:
+            batch, refused = source.train_batch(v, i)
+            out.refused.append(refused)
+            if batch is not None:
+                learner.observe(batch)
+        out.reports.append(learner.consolidate())
+        ended = schedule.ended(info, batches)
+        seen = seen_after(seen, (source.visit_tasks(v) for v in visits))
+        accuracy = {}
+        if schedule.due(info, r, ended):
+            after = schedule.test_visit(batches, ended)
+            accuracy = {t: _accuracy(learner, source, t, after, out.refused) for t in schedule.tasks(seen)}
+        out.rows += matrix_rows(accuracy, ended, len(info.task_classes), schedule.task_free)
+    return out
+
+
+def _accuracy(learner: StreamLearner, source: StreamSource, task: int, after_visit: int, refused: list[pa.Table]
+              ) -> float:
+    right = total = 0
+    for k in range(source.describe().test_batches[task]):
+        batch, dead = source.test_batch(task, k, after_visit)
+        refused.append(dead)
+        if batch is not None:
+            right += int((np.asarray(learner.predict(batch)) == S.labels_to_numpy(batch)).sum())
+            total += batch.num_rows
+    return right / total if total else float("nan")

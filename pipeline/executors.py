@@ -1,0 +1,46 @@
+"""The Ray executors of a method's flow (memcl_ops/roles/executor.py): the same flow, its roles hosted in actors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+Handle = ray.actor.ActorHandle
+
+
+class ActorCalls:
+    """Classic actor calls: `call` submits `handle.method.remote(...)` and returns its object ref; Ray runs one
+    caller's calls to one actor in submission order, and resolves refs passed as arguments, so a flow's calls
+    chain without the driver waiting. `handle(role)` gives the role's current actor (it changes when a role is
+    revived after a fault), None where the run has no such role."""
+
+    def __init__(self, handle: Callable[[str], Handle | None]):
+        self.handle = handle
+
+    def has(self, role: str) -> bool:
+        return self.handle(role) is not None
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> ray.ObjectRef:
+        return getattr(self.handle(role), method).remote(*args, **kwargs)
+
+    def get(self, handle: Any) -> Any:
+        return ray.get(handle)
+
+
+class GraphBinding:
+    """Wiring into a Ray Compiled Graph: `call` binds the method (a DAG node); the graph is compiled once over the
+    nodes a flow's calls produced and then executed many times. `get` has no meaning while wiring."""
+
+    def __init__(self, handles: dict[str, Handle]):
+        self.handles = handles
+
+    def has(self, role: str) -> bool:
+        return self.handles.get(role) is not None
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.handles[role], method).bind(*args, **kwargs)
+
+    def get(self, handle: Any) -> Any:
+        raise RuntimeError("a compiled graph is being wired: nothing can be waited for")
