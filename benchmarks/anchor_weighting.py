@@ -15,7 +15,7 @@ import torch
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import DriftStream
 from memcl_ops.learner import Round
-from memcl_ops.methods import build_learner
+from memcl_ops.learners import build_learner
 from pipeline.config import load_config
 from pipeline.suites import suite
 

@@ -26,7 +26,7 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import DatasetStream, DriftStream, build_stream
 from memcl_ops.learner import Round
-from memcl_ops.methods import build_learner
+from memcl_ops.learners import build_learner
 from memcl_ops.metrics import forgetting
 from pipeline.config import RunConfig, load_config
 from pipeline.suites import suite

@@ -21,7 +21,7 @@ from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticLearner
 from memcl_ops.baselines.heads import DERppConfig, DERppHead, EWCConfig, EWCHead, JointHead, NearestMeanHead
 from memcl_ops.baselines.lm_finetune import FinetuneConfig
 from memcl_ops.baselines.text_replay import ReplayConfig
-from memcl_ops.learner import HeadLearner, StreamLearner
+from memcl_ops.learner import HeadLearner
 from memcl_ops.mars.dcda import Stage1Config, Stage2Config
 from memcl_ops.mars.head import DistillHead
 from memcl_ops.mars.router import RouterConfig
@@ -266,26 +266,3 @@ def lm_method(name: str) -> MethodSpec:
     if name not in family_methods("lm"):
         raise ValueError(f"unknown LM method {name!r}; known: {family_methods('lm')}")
     return METHODS[name]
-
-
-def build_learner(name: str, config: MethodConfig | LMMethodConfig, seed: int = 0, **context: object) -> StreamLearner:
-    """The in-process `StreamLearner` (memcl_ops/learner.py) of a registered method. `context` per family:
-    "features": feature_dim; "nsr": encoder (an EncoderSpec), payload, n_way; "lm": lm (an LMSpec), budget (the
-    byte budget of a "byte-budget" method), max_new_tokens. (The learners import this module, hence the local
-    imports.)"""
-    spec = method_spec(name)
-    if spec.family == "features":
-        from memcl_ops.feature_learner import FeatureLearner
-
-        return FeatureLearner(spec, config, seed=seed, **context)
-    if spec.family == "nsr":
-        from memcl_ops.nsr.learner import NSRLearner
-
-        return NSRLearner(spec, config, seed=seed, **context)
-    if "direction-memory" in spec.tags:
-        from memcl_ops.miita.learner import MIITALearner
-
-        return MIITALearner(spec, config, seed=seed, **context)
-    from memcl_ops.baselines.lm_learners import LM_BASELINES
-
-    return LM_BASELINES[name](spec, config, seed=seed, **context)

@@ -33,14 +33,14 @@ from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import MethodSpec
 from memcl_ops.roles.features import FeatureFlow, role_plan
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds, seen_after
-from pipeline import checkpoint, preflight, runner
+from pipeline import checkpoint, preflight
 from pipeline.actor_cache import ActorCache
 from pipeline.compiled_chain import ChainActors, CompiledChain
 from pipeline.config import RunConfig
 from pipeline.encoder_pool import EncoderPool
 from pipeline.executors import ActorCalls
 from pipeline.progress import InFlight, Progress, Reports
-from pipeline.runner import BatchHook, Roles, RoundOutcome, RunState
+from pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensure_ray, stream_source
 
 log = logging.getLogger("memcl")
 
@@ -307,9 +307,9 @@ def encode_stream(config: RunConfig, actors: ActorCache) -> float:
     `memcl bench` does it once, before its runs, so no method's time includes it."""
     config = preflight.with_absolute_paths(config)
     preflight.check_run(config)
-    runner.ensure_ray(config)
+    ensure_ray(config)
     started = time.perf_counter()
-    source = runner.stream_source(config, actors)
+    source = stream_source(config, actors)
     info: StreamInfo = ray.get(source.describe.remote())
     if info.feature_dim is None and config.runtime.cache_dir and info.cacheable:
         encode_into_cache(config, source, EncoderPool(config, info.payload, actors), info, Progress(enabled=True))

@@ -51,6 +51,7 @@ from pipeline.actor_cache import ActorCache
 from pipeline.config import ConfigError, dump_config, load_config
 from pipeline.errors import RunInterrupted
 from pipeline.progress import InFlight, Progress, Reports
+from pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
 
 SCORES = ("exact", "first_word", "label_restricted", "rouge_l")  # per answer: memcl_ops/data/lm_tasks.py
 QUERY_COST = ("prompt_tokens", "ms_per_query")
@@ -184,7 +185,7 @@ class LMPipeline:
         if spec.method == "lora":
             ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, self.method.finetune, cfg.seed, rt.threads)
             names.append("lm_trainer")
-        self.roles = runner.Roles(ctx.actors, names)
+        self.roles = Roles(ctx.actors, names)
         self.task_free = False  # one round per task
 
     @property
@@ -196,7 +197,7 @@ class LMPipeline:
     def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, task_free=False, every=0)
 
-    def learn(self, task: int, on_batch: runner.BatchHook | None, bars: Progress) -> dict:
+    def learn(self, task: int, on_batch: BatchHook | None, bars: Progress) -> dict:
         """Absorb one task's training pairs, batch by batch; returns what the method reports about it."""
         ctx, method = self.ctx, self.spec.method
         if method == "lora":  # LoRA epochs over the whole task: one call
@@ -249,8 +250,8 @@ class LMPipeline:
                     for b, k in zip(batches, ctx.query_keys[task])]
         return [ctx.encoder.generate.remote(b, tokens) for b in batches]
 
-    def stream_round(self, batches: RoundBatches, state: runner.RunState, reports: Reports,
-                     on_batch: runner.BatchHook | None) -> runner.RoundOutcome:
+    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports,
+                     on_batch: BatchHook | None) -> RoundOutcome:
         """Learn one task, then answer the tasks due: every seen one, or (new_and_final) the new one and, after the
         last task, all."""
         ctx, bars = self.ctx, reports.progress
@@ -277,7 +278,7 @@ class LMPipeline:
             predictions += [{"run": self.spec.name, "after_task": task, "task": j, **r} for r in rows]
         bars.note(f"{self.spec.name} after {ctx.tasks[task].name}: mean accuracy on the tasks answered "
                   f"{np.mean(list(accuracy.values())):.3f}")
-        return runner.RoundOutcome(accuracy, list(range(task + 1)), [task], len(batches), None,
+        return RoundOutcome(accuracy, list(range(task + 1)), [task], len(batches), None,
                                    {"learn": t1 - t0, "evaluate": time.perf_counter() - t1},
                                    {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
                                     "scores": scores, "predictions": predictions})
@@ -303,7 +304,7 @@ class LMPipeline:
     def close(self) -> None:
         """Nothing to release: this family streams through classic actor calls only."""
 
-    def finish(self, state: runner.RunState) -> dict:
+    def finish(self, state: RunState) -> dict:
         acc = np.array(state.acc_rows, dtype=np.float64)
         nll = np.full_like(acc, np.nan)
         for i, entry in enumerate(state.round_log):
@@ -362,7 +363,7 @@ class LMResult:
 
 def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
         progress: bool | None = None, actors: ActorCache | None = None,
-        on_batch: runner.BatchHook | None = None) -> LMResult:
+        on_batch: BatchHook | None = None) -> LMResult:
     """Run (or resume) every method (and budget) of `config` over its task stream, each through the one runner.
     `actors`: reuse the actors of earlier runs (they are reset); by default they are killed after."""
     if resume is not None:

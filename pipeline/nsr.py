@@ -33,7 +33,7 @@ from pipeline import checkpoint
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RunConfig
 from pipeline.progress import InFlight, Reports
-from pipeline.runner import BatchHook, Roles, RoundOutcome, RunState
+from pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
 
 
 class NSRPipeline:

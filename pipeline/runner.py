@@ -19,174 +19,39 @@ A round changes nothing of the run state (`RunState`) until it has completed; th
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
-from ray import exceptions as rex
 
-from actors.stream_source import StreamSource
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
-from memcl_ops.rounds import RoundBatches, matrix_rows
+from memcl_ops.rounds import matrix_rows
 from pipeline import checkpoint, preflight, report
 from pipeline.actor_cache import ActorCache, is_fault
 from pipeline.config import ConfigError, RunConfig, RuntimeConfig, dump_config, load_config
 from pipeline.errors import RunInterrupted
+from pipeline.features import FeaturePipeline
+from pipeline.nsr import NSRPipeline
 from pipeline.progress import Progress, Reports
+from pipeline.roles import (
+    BatchHook,
+    RoundOutcome,
+    RunResult,
+    RunState,
+    StreamPipeline,
+    ensure_ray,
+    stream_source,
+)
 from pipeline.tracking import TensorBoardLog
 
 log = logging.getLogger("memcl")
 
-BatchHook = Callable[[int, int], None]  # called with (visit, batch index) after each batch is submitted
 RoundHook = Callable[[int, "RunState", "StreamPipeline"], None]  # called after each round is committed
-
-
-def ensure_ray(config) -> None:
-    """Join `runtime.address` (or RAY_ADDRESS), or start Ray in-process; reuse a session already started."""
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    rt = config.runtime
-    address = rt.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING)
-    else:
-        ray.init(num_cpus=rt.num_cpus, include_dashboard=False, object_store_memory=rt.object_store_mb * 2**20,
-                 logging_level=logging.WARNING)
-
-
-@dataclass
-class RunState:
-    """The runner's own checkpointed progress."""
-
-    next_round: int = 0
-    acc_rows: list[list[float]] = field(default_factory=list)  # per row: accuracy per task (NaN: not evaluated)
-    rows: list[dict] = field(default_factory=list)  # per row: the visit (task-aware) or round (task-free) it follows
-    seen_tasks: list[int] = field(default_factory=list)  # in order of first training
-    round_log: list[dict] = field(default_factory=list)
-    wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
-    refused: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per reason
-    recoveries: int = 0  # rounds replayed after an actor fault
-    elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-    def add_wall(self, phase: str, seconds: float) -> None:
-        self.wall[phase] = self.wall.get(phase, 0.0) + seconds
-
-
-@dataclass
-class RoundOutcome:
-    """What one streamed round produced; the runner folds it into the RunState once the round has completed."""
-
-    accuracy: dict[int, float]  # per task evaluated after the round
-    seen: list[int]  # every task trained so far, in order of first training
-    ended: list[int]  # the visits this round ended (with boundaries, one accuracy-matrix row each)
-    batches: int
-    dead: pa.Table | None  # refused rows (train and test), with their sample_id and reason
-    seconds: dict[str, float]  # driver wall time per phase
-    log: dict = field(default_factory=dict)  # the family's report of the round (consolidation, arrival, ...)
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Exactly-once accounting of a run's training rows by sample_id."""
-
-    stream: int  # rows the stream holds
-    learned: int  # rows trained on (a replayed round counts once)
-    unique_learned: int
-    refused: int  # rows refused at a gate, kept as dead letters
-    refused_by_reason: dict[str, int]
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """A finished run: its folder, summary (None while an entry it needs is missing), sample accounting and fault
-    replays, typed; `metrics` is everything metrics.json holds (the family's entries included)."""
-
-    run_dir: Path
-    summary: M.Summary | None
-    samples: Samples
-    recoveries: int
-    metrics: dict
-
-    @classmethod
-    def of(cls, run_dir: Path, metrics: dict) -> RunResult:
-        samples = metrics["samples"]
-        return cls(run_dir, M.Summary(**metrics["summary"]) if metrics["summary"] else None,
-                   Samples(**samples),
-                   metrics["recoveries"], metrics)
-
-
-class Roles:
-    """The stateful actors of one pipeline by role: their states, restore, revival after a fault, timings."""
-
-    def __init__(self, actors: ActorCache, names: list[str], stateless: tuple[str, ...] = ()):
-        self.actors, self.names = actors, names
-        self.stateless = stateless  # roles without state worth checkpointing (encoders): only timed
-
-    def handle(self, role: str) -> ray.actor.ActorHandle | None:
-        return self.actors.handle(role) if role in self.names else None
-
-    def state(self) -> dict[str, checkpoint.State]:
-        return dict(zip(self.names, ray.get([self.actors.handle(r).state.remote() for r in self.names])))
-
-    def restore(self, parts: dict[str, checkpoint.State]) -> None:
-        # a role with an empty state (the frozen LM) leaves no arrays in a checkpoint
-        ray.get([self.actors.handle(r).restore.remote(parts.get(r, {})) for r in self.names])
-
-    def resume(self, parts: dict[str, checkpoint.State], path: Path) -> None:
-        """`restore` from the checkpoint at `path`, role by role: a state that lacks a key the role reads was
-        written by an older memcl, and says so in one line."""
-        for role in self.names:
-            try:
-                ray.get(self.actors.handle(role).restore.remote(parts.get(role, {})))
-            except KeyError as err:  # an actor's RayTaskError is also an instance of its cause's class
-                cause = err.cause if isinstance(err, rex.RayTaskError) else err
-                raise ConfigError(f"{path}: written by an older memcl (the {role} state lacks "
-                                  f"{cause.args[0] if cause.args else ''!r}); it cannot be resumed, start a new run"
-                                  ) from err
-
-    def revive(self) -> None:
-        for role in self.names:
-            self.actors.revive(role)
-
-    def timings(self) -> dict[str, dict]:
-        names = [*self.names, *self.stateless]
-        return dict(zip(names, ray.get([self.actors.handle(r).timings.remote() for r in names])))
-
-
-class StreamPipeline(Protocol):
-    """The actors of one run, wired for one method family; the runner drives it round by round."""
-
-    info: StreamInfo
-    roles: Roles
-    task_free: bool  # one accuracy row per evaluation point (round) instead of one per visit ended
-
-    def plan(self) -> list[RoundBatches]: ...
-
-    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
-                     ) -> RoundOutcome: ...
-
-    def revive(self, parts: dict[str, checkpoint.State]) -> None: ...  # every role alive again, restored to parts
-
-    def memory_report(self) -> dict[str, int]: ...
-
-    def learned_ids(self) -> np.ndarray: ...  # sample ids trained on, for exactly-once accounting
-
-    def finish(self, state: RunState) -> dict: ...  # the family's entries of metrics.json
-
-    def close(self) -> None: ...  # release what the pipeline holds besides its actors (a compiled graph)
 
 
 def new_run_dir(out: str, name: str) -> Path:
@@ -230,12 +95,8 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
         try:
             t0 = time.perf_counter()
             if spec.family == "nsr":
-                from pipeline.nsr import NSRPipeline
-
                 pipe: StreamPipeline = NSRPipeline(config, info, actors)
             else:
-                from pipeline.features import FeaturePipeline
-
                 pipe = FeaturePipeline(config, spec, info, actors, bars)
             metrics = {"method": config.method.name, "seed": config.seed, "class_names": info.extra.get("class_names")}
             try:
@@ -249,12 +110,6 @@ def run(config: RunConfig | None = None, *, run_dir: Path | None = None, resume:
     finally:
         if own:
             actors.close()
-
-
-def stream_source(config: RunConfig, actors: ActorCache) -> ray.actor.ActorHandle:
-    rt = config.runtime
-    return actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": rt.max_restarts}, config.data,
-                      config.stream, rt.max_batch_rows)
 
 
 def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig, bars: Progress, metrics: dict, *,

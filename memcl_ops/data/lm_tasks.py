@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from memcl_ops.data import superni
 from memcl_ops.data.datasets import DatasetUnavailable, load_bbc_news, stratified_split
+from memcl_ops.data.text_tasks import TextPair, TextTask
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 FORTUNE_TOPICS = ("computers", "food", "law", "love", "medicine")
@@ -42,23 +44,6 @@ LETTER_WORDS = ("cab", "disc", "bread", "stove", "chef", "frog", "peach", "taxi"
                 "quiz", "crab", "music", "cloud", "horse", "golf", "song", "brush", "kiwi", "hook", "towel", "drum",
                 "moon", "cargo", "lamp", "star", "bus", "shirt", "emu", "radar", "tax", "ivy", "waltz", "zebra",
                 "sword", "stamp", "coin", "plug", "nail", "fork", "cliff", "dog", "leaf", "ship")
-
-
-@dataclass(frozen=True)
-class TextPair:
-    prompt: str
-    answer: str  # what is learned
-    references: tuple[str, ...] = ()  # every acceptable answer when scoring (empty: `answer` alone)
-
-
-@dataclass(frozen=True)
-class TextTask:
-    name: str
-    train: tuple[TextPair, ...]
-    test: tuple[TextPair, ...]
-    answers: tuple[str, ...]  # the answer set (what a guesser chooses from; empty for free text)
-    max_answer_tokens: int = 4  # generation length for this task (answers are short)
-    metric: str = "exact"  # the task's headline score: "exact" (match) or "rouge-l" (free text)
 
 
 @dataclass(frozen=True)
@@ -286,8 +271,6 @@ PARTLY_CAPABLE = ("bbc-topic", "sentiment-negation", "word-category")
 def build_stream(spec: LMStreamSpec) -> list[TextTask]:
     """The tasks of `spec`, in order, each drawn with its own seeded generator (independent of the order). A name
     "superni:<task>" is a SuperNI task file under `spec.superni_dir` (memcl_ops/data/superni.py), all its instances."""
-    from memcl_ops.data import superni
-
     root = Path(spec.superni_dir) if spec.superni_dir else superni.SUPERNI_DIR
     unknown = [t for t in spec.tasks if t not in BUILDERS and not t.startswith("superni:")]
     if unknown:

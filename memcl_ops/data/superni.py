@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from memcl_ops.data.datasets import DatasetUnavailable
-from memcl_ops.data.lm_tasks import TextPair, TextTask
+from memcl_ops.data.text_tasks import TextPair, TextTask
 
 SUPERNI_DIR = Path(__file__).with_name("superni")
 ORDER_A = ("task1572_samsum_summary", "task363_sst2_polarity_classification", "task1290_xsum_summarization",

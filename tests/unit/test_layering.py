@@ -14,3 +14,77 @@ def test_memcl_ops_never_imports_ray():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert len(modules) >= 6
+
+
+def project_imports(root) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at any depth of its code (a function's local import counts: it is
+    how circles used to hide), for the three installed packages."""
+    import ast
+
+    files = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+             for package in ("memcl_ops", "pipeline", "actors") for p in (root / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package, one level up per extra dot
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+        graph[module] = {m for m in found if m in files and m != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_among_the_projects_modules():
+    from pathlib import Path
+
+    graph = project_imports(Path(__file__).resolve().parents[2])
+    assert len(graph) > 60 and graph["pipeline.runner"] >= {"pipeline.features", "pipeline.nsr"}
+    assert circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle_hidden_in_a_function(tmp_path):
+    for package in ("memcl_ops", "pipeline", "actors"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "memcl_ops" / "a.py").write_text("from memcl_ops import b\n")
+    (tmp_path / "memcl_ops" / "b.py").write_text("def f():\n    from memcl_ops.a import f\n")
+    (tmp_path / "pipeline" / "c.py").write_text("from memcl_ops.a import x\n")
+    assert circles(project_imports(tmp_path)) == [["memcl_ops.a", "memcl_ops.b"]]

@@ -19,8 +19,9 @@ from memcl_ops.data.lm_tasks import NOUNS, LMStreamSpec, build_stream
 from memcl_ops.data.streams import StreamSpec, make_plan
 from memcl_ops.feature_learner import FeatureLearner
 from memcl_ops.learner import Round
+from memcl_ops.learners import build_learner
 from memcl_ops.mars.router import RouterConfig
-from memcl_ops.methods import METHODS, LMMethodConfig, MethodConfig, build_learner, method_spec
+from memcl_ops.methods import METHODS, LMMethodConfig, MethodConfig, method_spec
 from memcl_ops.miita.directions import AdaptConfig
 from memcl_ops.models.causal_lm import LMSpec
 from memcl_ops.models.encoders import EncoderSpec

@@ -1,0 +1,107 @@
+"""One implementation, two executors: every registered "features" method run in-process (`build_learner` driven by
+`memcl_ops.rounds.stream_in_process`) and through the Ray pipeline (`memcl run`'s runner, actor calls and the
+compiled graph) gives the same accuracy matrix, memory bytes and sample accounting, bit for bit at one torch thread.
+The streams: an `arrow:` folder whose files end in short batches and hold rows the gate refuses, and a task-free
+synthetic stream."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from memcl_ops.arrow import schema as S
+from memcl_ops.learners import build_learner
+from memcl_ops.methods import family_methods
+from memcl_ops.roles.stream_source import StreamSource
+from memcl_ops.rounds import Schedule, plan_rounds, stream_in_process
+from pipeline import runner
+from pipeline.config import load_config
+
+pytestmark = pytest.mark.ray
+
+DIM, ROWS_PER_FILE, BATCH = 8, 45, 20  # 45 = 20 + 20 + 5: every file ends in a short batch
+REFUSED_PER_FILE = 2  # rows with a non-finite feature, refused at the gate
+
+
+def write_stream(root):
+    """Three tasks of two classes, two train files and one test file per task; each file holds two refused rows."""
+    rng = np.random.default_rng(1)
+    means = rng.normal(scale=2, size=(6, DIM))
+    next_id = 0
+    for split, files in (("train", 2), ("test", 1)):
+        (root / split).mkdir(parents=True)
+        for task in range(3):
+            for f in range(files):
+                labels = rng.choice([2 * task, 2 * task + 1], ROWS_PER_FILE)
+                feats = means[labels] + rng.normal(size=(ROWS_PER_FILE, DIM))
+                feats[rng.choice(ROWS_PER_FILE, REFUSED_PER_FILE, replace=False), 0] = np.nan
+                batch = S.feature_batch(np.arange(next_id, next_id + ROWS_PER_FILE), feats, labels,
+                                        np.full(ROWS_PER_FILE, task))
+                next_id += ROWS_PER_FILE
+                pq.write_table(pa.Table.from_batches([batch]), root / split / f"{task}-{f}.parquet")
+    (root / "classes.txt").write_text("\n".join(f"c{i}" for i in range(6)) + "\n")
+
+
+def config_for(stream: str, root, tmp_path, method: str, transport: str = "actors"):
+    common = {"method.name": method, "method.router.initial_slots": 2, "method.stage1.optim.epochs": 1,
+              "method.stage2.optim.epochs": 2, "method.derpp.buffer_size": 20, "method.analytic.expansion_dim": 32,
+              "runtime.out": str(tmp_path / "runs"), "runtime.progress": False, "runtime.actor_threads": 1,
+              "runtime.transport": transport, "runtime.checkpoint": False}
+    if stream == "short-and-refused":
+        return load_config(overrides={"data.dataset": f"arrow:{root}", "data.payload": "features",
+                                      "data.feature_dim": DIM, "stream.batch_size": BATCH, **common})
+    return load_config(overrides={"data.dataset": "synthetic", "data.synthetic.classes": 6, "data.synthetic.dim": DIM,
+                                  "data.synthetic.train_per_class": 30, "data.synthetic.test_per_class": 10,
+                                  "stream.tasks": 3, "stream.batch_size": 15, "stream.task_free": True,
+                                  "method.consolidate_every": 3, **common})
+
+
+def in_process(config):
+    """The run's matrix, memory report, learned sample ids and refused ids, without Ray."""
+    source = StreamSource(config.data, config.stream, config.runtime.max_batch_rows)
+    info = source.describe()
+    learner = build_learner(config.method.name, config.method, seed=config.seed, feature_dim=info.feature_dim)
+    every = config.method.consolidate_every
+    rounds = len(plan_rounds(info, config.stream.task_free, every))
+    schedule = Schedule(config.stream.task_free, rounds, config.runtime.evaluate_every, config.runtime.evaluate_window)
+    run = stream_in_process(learner, source, schedule, every)
+    report = {k: v for k, v in learner.flow.memory_report().items() if k != "num_slots"}
+    return run.matrix, report, np.sort(learner.roles["stage2"].learned_ids()), run.refused_ids
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parity") / "data"
+    write_stream(root)
+    return root
+
+
+@pytest.mark.parametrize("stream", ["short-and-refused", "task-free"])
+@pytest.mark.parametrize("name", family_methods("features"))
+def test_in_process_and_actor_pipeline_compute_the_same_run(actors, one_torch_thread, folder, tmp_path, name,
+                                                             stream):
+    config = config_for(stream, folder, tmp_path, name)
+    assert torch.get_num_threads() == 1
+    matrix, report, learned, refused = in_process(config)
+    result = runner.run(config, actors=actors)
+    metrics = result.metrics
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"], dtype=float), matrix)
+    assert metrics["memory_bytes"] == report
+    assert result.samples.learned == len(learned) and result.samples.refused == len(refused)
+    dead = sorted(result.run_dir.glob("dead_letters/*.parquet"))
+    ids = np.sort(np.concatenate([pq.read_table(p).column(S.SAMPLE_ID).to_numpy() for p in dead])) if dead else []
+    np.testing.assert_array_equal(ids, refused)
+    if stream == "short-and-refused":  # the stream's own figures, so the comparison is not of two empty runs
+        assert len(learned) == 3 * 2 * (ROWS_PER_FILE - REFUSED_PER_FILE) and matrix.shape == (3, 3)
+        assert not np.isnan(matrix[np.tril_indices(3)]).any() and np.isnan(matrix[np.triu_indices(3, 1)]).all()
+
+
+@pytest.mark.parametrize("name", ["mars", "mars-analytic"])
+def test_the_compiled_graph_computes_what_the_in_process_learner_does(actors, one_torch_thread, folder, tmp_path,
+                                                                     name):
+    config = config_for("short-and-refused", folder, tmp_path, name, transport="compiled")
+    matrix, report, learned, _ = in_process(config)
+    metrics = runner.run(config, actors=actors).metrics
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"], dtype=float), matrix)
+    assert metrics["memory_bytes"] == report and metrics["samples"]["learned"] == len(learned)
