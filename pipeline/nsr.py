@@ -26,12 +26,14 @@ from actors.adapter_trainer import AdapterTrainer
 from actors.memory_manager import MemoryManager
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
-from memcl_ops.nsr.adapter import ArrivalPlan
+from memcl_ops.nsr.adapter import probe_full
 from memcl_ops.roles.memory_manager import Stores
+from memcl_ops.roles.nsr import NSRFlow
 from memcl_ops.rounds import RoundBatches, plan_rounds
 from pipeline import checkpoint
 from pipeline.actor_cache import ActorCache
 from pipeline.config import RunConfig
+from pipeline.executors import ActorCalls
 from pipeline.progress import InFlight, Reports
 from pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
 
@@ -59,6 +61,7 @@ class NSRPipeline:
                        self.trainer_info["dim"], Stores(bank=self.nsr.bank), config.seed, rt.actor_threads)
             names.append("memory")
         self.roles = Roles(actors, names)
+        self.flow = NSRFlow(ActorCalls(self.roles.handle), self.nsr)
         self.task_free = False  # NSR keys its bank at task arrival
 
     def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
@@ -96,36 +99,29 @@ class NSRPipeline:
             if on_batch is not None:
                 on_batch(v, i)
 
-        probe_batches = min(n, -(-nsr.probe_size // self.config.stream.batch_size))
-        for i in range(probe_batches):
-            submit(i)
-        key = None
-        if self.banks:
-            key = self.trainer.key.remote(*pending)
-            plan = self.memory.arrive.remote(key, nsr.lora.rank)
-        else:
-            plan = ray.put(ArrivalPlan("fresh" if nsr.allocation == "fresh" else "keep"))
+        probe_batches = held = 0  # the first batches, until their rows that pass the gate make the probe
+        while probe_batches < n and not probe_full(held, nsr.probe_size):
+            submit(probe_batches)
+            held += ray.get(self.source.train_rows.remote(v, probe_batches))
+            probe_batches += 1
         returning = task in state.seen_tasks
         tests = self.test_refs(task, v, letters)
-        ray.get(self.trainer.begin_task.remote(info.task_classes[task], plan,
-                                               previous_best(state.round_log, task) if returning else None, *tests))
+        key, plan = self.flow.arrive(list(pending), info.task_classes[task],
+                                     previous_best(state.round_log, task) if returning else None, tests)
         what = f"task {task + 1}/{len(info.task_classes)} (visit {v + 1}/{len(info.visits)})"
         in_flight = InFlight(rt.max_in_flight, bars.bar(f"{what} nsr[{nsr.allocation}]", n))
         for i in range(n):
             if i >= probe_batches:
                 submit(i)
-            in_flight.add(self.trainer.train.remote(pending.popleft()))
+            in_flight.add(self.flow.train(pending.popleft()))
         in_flight.drain()
         t_train = time.perf_counter()
-        ended = bars.wait([self.trainer.end_task.remote(self.banks, *tests)], f"{what} compress and test", "call",
-                          leave=False)[0]
-        if self.banks:
-            ended["evicted"] = ray.get(self.memory.store_task.remote(task, key, self.trainer.snapshot.remote(),
-                                                                     ended["acc_stored"]))
+        ended = self.flow.end_visit(task, key, tests, wait=lambda ref: bars.wait(
+            [ref], f"{what} compress and test", "call", leave=False)[0])
         seen = state.seen_tasks + ([] if returning else [task])
         accuracy = self.evaluate(seen, task, ended, v, letters, what, bars)
         refused = [t for t in ray.get(letters) if t.num_rows]
-        arrival = ray.get(plan)
+        arrival = ray.get(plan) if isinstance(plan, ray.ObjectRef) else plan
         ended.update(visit=v, task=task, arrival=arrival.kind,
                      retrieval=vars(arrival.retrieval) if arrival.retrieval else None)
         bars.note(f"after visit {v + 1}: {arrival.kind} start, accuracy {accuracy}")
@@ -136,13 +132,8 @@ class NSRPipeline:
                  ) -> dict[int, float]:
         """Each seen task through its bank entry (bank allocation; the active capacity for an evicted task), or
         through the active capacity (memoryless allocations: one task solution held at a time)."""
-        refs = {}
-        for t in sorted(seen):
-            if t == active:
-                continue
-            entry = self.memory.bank_entry.remote(t) if self.banks else None
-            refs[t] = self.trainer.evaluate_entry.remote(entry, self.info.task_classes[t],
-                                                         *self.test_refs(t, v, letters))
+        refs = {t: self.flow.evaluate(t, self.info.task_classes[t], self.test_refs(t, v, letters))
+                for t in sorted(seen) if t != active}
         scores = bars.wait(list(refs.values()), f"{what} evaluate", "task", leave=False)
         accuracy = {t: float(a) for t, a in zip(refs, scores)}
         accuracy[active] = ended["acc_stored"] if self.banks else ended["acc_live"]

@@ -140,6 +140,12 @@ def _copy_head(head: nn.Linear, state: Mapping[str, np.ndarray]) -> None:
     head.bias.copy_(torch.from_numpy(np.array(state["bias"], dtype=np.float32)))
 
 
+def probe_full(rows_held: int, probe_size: int) -> bool:
+    """Whether a visit's first batches hold enough rows to take the task key: rows that passed the gate are counted,
+    not batches, so short batches (a file's end) and refused rows do not shrink the probe."""
+    return rows_held >= probe_size
+
+
 class AdapterLearner:
     def __init__(self, encoder: TrainableEncoder, config: NSRConfig, n_way: int, seed: int = 0):
         if n_way < 2:
@@ -168,8 +174,10 @@ class AdapterLearner:
         feats, rows = [], 0
         with self.adapters.disabled():
             for b in batches:
-                if rows >= self.config.probe_size:
+                if probe_full(rows, self.config.probe_size):
                     break
+                if b is None:  # every row refused at the gate
+                    continue
                 b = b.slice(0, self.config.probe_size - rows)
                 feats.append(self.encoder.features(b).float().cpu())
                 rows += b.num_rows

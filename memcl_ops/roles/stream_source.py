@@ -73,6 +73,11 @@ class StreamSource:
         with self.clock.time("source"):
             return gate(self.stream.train_batch(visit, index), self.contract())
 
+    def train_rows(self, visit: int, index: int) -> int:
+        """How many rows of one training batch pass the gate (NSR's probe counts rows, not batches)."""
+        good, _ = self.train_batch(visit, index)
+        return 0 if good is None else good.num_rows
+
     def test_batch(self, task: int, index: int, after_visit: int) -> tuple[pa.RecordBatch | None, pa.Table]:
         with self.clock.time("source"):
             return gate(self.stream.test_batch(task, index, after_visit), self.contract())

@@ -1,0 +1,127 @@
+"""The adapter trainer role (NSR): a frozen encoder carrying NSR's active LoRA adapter and head, trained on raw batches
+(NSR learns inside the backbone, so it cannot work on cached features like the MARS trainers)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from memcl_ops.clock import StageClock
+from memcl_ops.models.encoders import EncoderSpec, build_encoder
+from memcl_ops.models.lora import backbone_parameters
+from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
+from memcl_ops.nsr.task_bank import BankEntry
+
+
+class AdapterTrainer:
+    """`threads`: the hosting process's torch threads (None: leave them)."""
+
+    def __init__(self, spec: EncoderSpec, payload: str, config: NSRConfig, n_way: int, seed: int,
+                 threads: int | None = None):
+        self.reset(spec, payload, config, n_way, seed, threads)
+
+    def reset(self, spec: EncoderSpec, payload: str, config: NSRConfig, n_way: int, seed: int,
+              threads: int | None = None) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if getattr(self, "encoder_args", None) != (spec, payload):  # same frozen encoder: keep the loaded weights
+            self.encoder = build_encoder(spec, payload)
+            self.encoder_args = (spec, payload)
+        elif hasattr(self, "learner"):
+            self.learner.adapters.remove()
+        self.learner = AdapterLearner(self.encoder, config, n_way, seed)
+        self.config = config
+        self.tracker: RecoveryTracker | None = None
+        self.compressed: Snapshot | None = None
+        self.eval_batches: tuple[pa.RecordBatch, ...] = ()
+        self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
+        self.clock = StageClock()
+
+    def info(self) -> dict:
+        a = self.learner.adapters
+        return {"encoder": self.encoder.id, "dim": self.encoder.dim, "sites": list(a.sites),
+                "adapter_parameters": a.num_parameters(),
+                "backbone_parameters": sum(p.numel() for p in backbone_parameters(self.encoder.model).values())}
+
+    def key(self, *batches: pa.RecordBatch) -> np.ndarray:
+        with self.clock.time("key"):
+            return self.learner.key(batches)
+
+    def begin_task(self, classes: list[int], plan: ArrivalPlan, previous_best: float | None,
+                   *eval_batches: pa.RecordBatch) -> None:
+        """Start a visit; with `previous_best` (a returning task) accuracy on `eval_batches` is tracked after the
+        arrival decision and after every step until the task is back (or `recovery_max_steps`)."""
+        with self.clock.time("begin_task"):
+            self.learner.begin_task(classes, plan)
+            self.tracker, self.eval_batches = None, eval_batches
+            if previous_best is not None:
+                cfg = self.config
+                self.tracker = RecoveryTracker(previous_best, cfg.recovery_tolerance, cfg.recovery_max_steps)
+                self._track()
+
+    def _track(self) -> None:
+        if self.tracker is not None and not self.tracker.done:
+            with self.clock.time("recovery_eval"):
+                self.tracker.record(self.learner.steps, self.learner.accuracy(self.eval_batches))
+
+    def train(self, batch: pa.RecordBatch | None) -> list[float]:
+        """Train on one batch (None: every row was refused at the gate)."""
+        if batch is None:
+            return []
+        with self.clock.time("train"):
+            losses = self.learner.train_batch(batch, after_step=self._track)
+            self.learned.append(np.asarray(batch.column("sample_id").to_numpy()))
+            return losses
+
+    def end_task(self, compress: bool, *test_batches: pa.RecordBatch) -> dict:
+        """The visit's report: steps, recovery (returning tasks), the live adapter's accuracy on `test_batches`
+        and, with `compress`, the accuracy of its compressed snapshot (kept for `snapshot`)."""
+        with self.clock.time("end_task"):
+            out = {"steps": self.learner.steps, "recovery": self.tracker.report() if self.tracker else None,
+                   "acc_live": self.learner.accuracy(test_batches), "acc_stored": None}
+            self.compressed = self.learner.snapshot() if compress else None
+            if self.compressed is not None:
+                out["acc_stored"] = self.learner.accuracy_with(self.compressed, self.learner.classes, test_batches)
+                out["ranks"] = sorted({d.rank for d in self.compressed.deltas.values()})
+                out["energy_kept"] = float(np.mean([d.energy_kept for d in self.compressed.deltas.values()]))
+            return out
+
+    def snapshot(self) -> Snapshot:
+        """The active adapter as compressed by the last `end_task`."""
+        if self.compressed is None:
+            raise RuntimeError("end_task(compress=True) must come before snapshot")
+        return self.compressed
+
+    def evaluate_entry(self, entry: BankEntry | None, classes: list[int], *batches: pa.RecordBatch) -> float:
+        """Accuracy of a bank entry on its task (None: of the active capacity)."""
+        with self.clock.time("evaluate"):
+            if entry is None:
+                return self.learner.accuracy(batches, classes)
+            return self.learner.accuracy_with(entry, classes, batches)
+
+    @torch.no_grad()
+    def predict_with(self, entry: BankEntry | None, classes: list[int], batch: pa.RecordBatch) -> np.ndarray:
+        """The global class of every row of one task's batch through a bank entry (None: the active capacity);
+        -1 for a head output beyond the task's classes."""
+        with self.clock.time("evaluate"):
+            if entry is None:
+                logits = self.learner.logits(batch)
+            else:
+                with self.learner.holding(entry):
+                    logits = self.learner.logits(batch)
+            answers = np.array([*classes, *[-1] * self.learner.n_way])
+            return answers[logits.argmax(1).cpu().numpy()]
+
+    def learned_ids(self) -> np.ndarray:
+        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**{f"learner.{k}": v for k, v in self.learner.state().items()}, "learned": self.learned_ids()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.learner.restore({k[8:]: v for k, v in state.items() if k.startswith("learner.")})
+        self.learned = [np.asarray(state["learned"])]
+
+    def timings(self) -> dict:
+        return self.clock.report()
