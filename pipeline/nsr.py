@@ -160,10 +160,10 @@ class NSRPipeline:
 
 def previous_best(round_log: list[dict], task: int) -> float:
     """The best accuracy of `task` measured while it was the active task (after its visits' training and along
-    their recovery curves)."""
+    their recovery curves; NaN, a test set the gate refused whole, measures nothing)."""
     measured = [a for e in round_log if e["task"] == task
                 for a in [e["acc_live"], *[a for _, a in (e["recovery"] or {}).get("curve", [])]]]
-    return max([0.0, *measured])
+    return max([0.0, *(a for a in measured if not np.isnan(a))])
 
 
 def recovery_summary(round_log: list[dict]) -> dict:

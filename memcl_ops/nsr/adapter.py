@@ -281,8 +281,9 @@ class AdapterLearner:
         return int((pred == self.local_labels(batch, classes)).sum()), batch.num_rows
 
     def accuracy(self, batches: Sequence[pa.RecordBatch], classes: Sequence[int] | None = None) -> float:
-        counts = np.array([self.correct(b, classes) for b in batches]).reshape(-1, 2).sum(0)
-        return float(counts[0] / max(counts[1], 1))
+        """Accuracy over the rows of `batches` (None: a batch the gate refused whole); NaN without a row."""
+        counts = np.array([self.correct(b, classes) for b in batches if b is not None]).reshape(-1, 2).sum(0)
+        return float(counts[0] / counts[1]) if counts[1] else float("nan")
 
     def accuracy_with(self, stored: BankEntry | Snapshot, classes: Sequence[int],
                       batches: Sequence[pa.RecordBatch]) -> float:
