@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from memcl_ops.baselines.lm_learners import LM_BASELINES
 from memcl_ops.feature_learner import FeatureLearner
 from memcl_ops.learner import StreamLearner
 from memcl_ops.methods import LMMethodConfig, MethodConfig, method_spec
-from memcl_ops.miita.learner import MIITALearner
 from memcl_ops.nsr.learner import NSRLearner
+from memcl_ops.roles.lm import LMLearner
 
 
 def build_learner(name: str, config: MethodConfig | LMMethodConfig, seed: int = 0, **context: object) -> StreamLearner:
@@ -19,6 +18,4 @@ def build_learner(name: str, config: MethodConfig | LMMethodConfig, seed: int = 
         return FeatureLearner(spec, config, seed=seed, **context)
     if spec.family == "nsr":
         return NSRLearner(spec, config, seed=seed, **context)
-    if "direction-memory" in spec.tags:
-        return MIITALearner(spec, config, seed=seed, **context)
-    return LM_BASELINES[name](spec, config, seed=seed, **context)
+    return LMLearner(spec, config, seed=seed, **context)

@@ -1,0 +1,70 @@
+"""The LMTrainer role: the sequential LoRA fine-tuning baseline on its own copy of the causal LM (the frozen
+`LMEncoder` never changes). Trains on text-pair batches task after task and generates with the adapter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.schema import with_predictions
+from memcl_ops.baselines.lm_finetune import FinetuneConfig, finetune
+from memcl_ops.clock import StageClock
+from memcl_ops.models.causal_lm import LMSpec, load_lm
+from memcl_ops.models.lora import LoRAAdapters
+
+
+class LMTrainer:
+    """`threads`: the hosting process's torch threads (None: leave them)."""
+
+    def __init__(self, spec: LMSpec, config: FinetuneConfig, seed: int, threads: int | None = None):
+        self.reset(spec, config, seed, threads)
+
+    def reset(self, spec: LMSpec, config: FinetuneConfig, seed: int, threads: int | None = None) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if getattr(self, "spec", None) != spec:
+            self.lm = load_lm(spec)
+            self.spec = spec
+        elif hasattr(self, "adapters"):
+            self.adapters.remove()
+        self.adapters = LoRAAdapters(self.lm.model, config.lora)
+        self.config, self.seed = config, seed
+        self.rounds = 0
+        self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
+        self.clock = StageClock()
+
+    def train(self, *batches: pa.RecordBatch) -> list[float]:
+        """LoRA epochs on the pairs of `batches` (one task's data); returns the loss per epoch."""
+        with self.clock.time("train"):
+            history = finetune(self.lm, self.adapters, batches, self.config.optim,
+                               seed=self.seed * 100_003 + self.rounds)
+            self.rounds += 1
+            self.learned += [S.sample_ids_to_numpy(b) for b in batches]
+            return history
+
+    def generate(self, pairs: pa.RecordBatch, max_new_tokens: int) -> pa.RecordBatch:
+        with self.clock.time("generate"):
+            prompts, answers = S.text_pairs(pairs)
+            out = self.lm.generate(prompts, max_new_tokens, answers=answers)
+            return with_predictions(pairs, out.texts, out.answer_nll, out.prompt_tokens)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """The adapter is trained state, not memory of past data; reported for completeness."""
+        return {"adapter": int(sum(v.nbytes for v in self.adapters.factors().values()))}
+
+    def learned_ids(self) -> np.ndarray:
+        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**{f"lora.{k}": v for k, v in self.adapters.factors().items()}, "rounds": np.array(self.rounds),
+                "learned": self.learned_ids()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.adapters.load_factors({k[5:]: v for k, v in state.items() if k.startswith("lora.")})
+        self.rounds = int(state["rounds"])
+        self.learned = [np.asarray(state["learned"])]
+
+    def timings(self) -> dict:
+        return self.clock.report()
