@@ -26,7 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -39,17 +39,17 @@ from actors.lm_trainer import LMTrainer
 from actors.memory_manager import MemoryManager
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
-from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream
+from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream, task_batches
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import LMMethodConfig, family_methods, lm_method
-from memcl_ops.miita.directions import MemoryConfig
 from memcl_ops.models.causal_lm import LMSpec, check_lm_name
-from memcl_ops.roles.memory_manager import Stores
+from memcl_ops.roles.lm import LMFlow
 from memcl_ops.rounds import RoundBatches, plan_rounds
 from pipeline import checkpoint, preflight, report, runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import ConfigError, dump_config, load_config
 from pipeline.errors import RunInterrupted
+from pipeline.executors import ActorCalls
 from pipeline.progress import InFlight, Progress, Reports
 from pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
 
@@ -122,19 +122,9 @@ class LMContext:
 
     def __init__(self, config: LMRunConfig, tasks: list[TextTask], actors: ActorCache):
         self.config, self.tasks, self.actors = config, tasks, actors
-        self.train: list[list[ray.ObjectRef]] = []
-        self.test: list[list[ray.ObjectRef]] = []
-        next_id = 0
-        for t, task in enumerate(tasks):
-            for split, pairs in (("train", task.train), ("test", task.test)):
-                refs = []
-                for start in range(0, len(pairs), config.runtime.batch_size):
-                    chunk = pairs[start:start + config.runtime.batch_size]
-                    ids = np.arange(next_id, next_id + len(chunk))
-                    next_id += len(chunk)
-                    refs.append(ray.put(S.text_pair_batch(ids, [p.prompt for p in chunk], [p.answer for p in chunk],
-                                                          task_ids=np.full(len(chunk), t), stream=task.name)))
-                getattr(self, split).append(refs)
+        train, test = task_batches(tasks, config.runtime.batch_size)
+        self.train = [[ray.put(b) for b in batches] for batches in train]
+        self.test = [[ray.put(b) for b in batches] for batches in test]
         rt = config.runtime
         actors.get("lm_encoder", LMEncoder, {"num_cpus": 1, "max_restarts": rt.max_restarts}, config.model,
                    rt.threads)
@@ -170,85 +160,57 @@ class LMPipeline:
         self.ctx, self.spec = ctx, spec
         self.info = ctx.info
         cfg, rt = ctx.config, ctx.config.runtime
-        self.method = lm_method(spec.method).resolve_lm(cfg.method)  # with the settings the method fixes
-        tags = lm_method(spec.method).tags
-        self.prototypes, self.demonstrations = "direction-memory" in tags, "demonstrations" in tags
+        method = lm_method(spec.method)
+        self.method = method.resolve_lm(cfg.method)  # with the settings the method fixes
+        probe = LMFlow(ActorCalls(lambda role: None), method, self.method, spec.budget)
         options = {"num_cpus": 0, "max_restarts": rt.max_restarts}
         names = ["lm_encoder"]
-        if self.prototypes or self.demonstrations:  # the budget caps what the memory keeps, both stores together
-            shown = self.method.hybrid.budgets(spec.budget)[1] if self.prototypes else spec.budget
-            stores = Stores(prototypes=self.memory_config if self.prototypes else None,
-                            replay=replace(self.method.replay, budget_bytes=shown) if self.demonstrations else None,
-                            vocab=ctx.model["vocab"])
+        stores = probe.stores(ctx.model["vocab"])
+        if stores is not None:
             ctx.actors.get("memory", MemoryManager, options, ctx.model["hidden"], stores, cfg.seed, 1)
             names.append("memory")
-        if spec.method == "lora":
+        if probe.trains:
             ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, self.method.finetune, cfg.seed, rt.threads)
             names.append("lm_trainer")
         self.roles = Roles(ctx.actors, names)
+        self.flow = LMFlow(ActorCalls(self.roles.handle), method, self.method, spec.budget)
         self.task_free = False  # one round per task
-
-    @property
-    def memory_config(self) -> MemoryConfig:
-        both = self.prototypes and self.demonstrations
-        budget = self.method.hybrid.budgets(self.spec.budget)[0] if both else self.spec.budget
-        return replace(self.method.memory, budget_bytes=budget)
 
     def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, task_free=False, every=0)
 
     def learn(self, task: int, on_batch: BatchHook | None, bars: Progress) -> dict:
         """Absorb one task's training pairs, batch by batch; returns what the method reports about it."""
-        ctx, method = self.ctx, self.spec.method
-        if method == "lora":  # LoRA epochs over the whole task: one call
-            trained = self.roles.handle("lm_trainer").train.remote(*ctx.train[task])
+        ctx, flow = self.ctx, self.flow
+        if flow.trains:  # LoRA epochs over the whole task: one call
+            trained = flow.learn_task(ctx.train[task])
             if on_batch is not None:
                 on_batch(task, 0)
             return {"epoch_losses": ray.get(trained)}
-        if method == "base":
+        if not (flow.prototypes or flow.demonstrations):
             return {}
-        memory = self.roles.handle("memory")
         in_flight = InFlight(ctx.config.runtime.max_in_flight,
                              bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(ctx.train[task])))
         calls = []
         for i, pairs in enumerate(ctx.train[task]):
-            extracted = ctx.extraction(task, i)
-            if self.prototypes and self.demonstrations:
-                calls.append(memory.write_both.remote(pairs, extracted, self.method.hybrid, self.spec.budget))
-            elif self.prototypes:
-                calls.append(memory.write_prototypes.remote(extracted))
-            else:
-                calls.append(memory.write_replay.remote(pairs, extracted))
+            calls.append(flow.learn_batch(pairs, ctx.extraction(task, i)))
             if on_batch is not None:
                 on_batch(task, i)
             in_flight.add(calls[-1])
         in_flight.drain()
         outcomes = ray.get(calls)
-        if self.prototypes:
+        if flow.prototypes:
             return {k: outcomes[-1][k] if k == "stored" else sum(o[k] for o in outcomes) for k in outcomes[0]}
         return {"stored": outcomes[-1]}
 
     def answer(self, task: int) -> list[ray.ObjectRef]:
         """Prediction batches for one task's test pairs under the method's current state."""
-        ctx, method = self.ctx, self.spec.method
+        ctx, flow = self.ctx, self.flow
         tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.test[task]
-        if method == "lora":
-            return [self.roles.handle("lm_trainer").generate.remote(b, tokens) for b in batches]
-        memory = self.roles.handle("memory") if "memory" in self.roles.names else None
-        if self.demonstrations and task not in ctx.query_keys:
-            ctx.query_keys[task] = [ctx.encoder.query_keys.remote(b) for b in batches]
-        if self.prototypes:
-            state = memory.prototype_state.remote()
-            if not self.demonstrations:
-                return [ctx.encoder.generate.remote(b, tokens, state, self.memory_config, self.method.adapt)
-                        for b in batches]
-            return [ctx.encoder.generate.remote(b, tokens, state, self.memory_config, self.method.adapt,
-                                                memory.demonstrations.remote(k), k)
-                    for b, k in zip(batches, ctx.query_keys[task])]
-        if self.demonstrations:
-            return [ctx.encoder.generate.remote(b, tokens, demonstrations=memory.demonstrations.remote(k))
-                    for b, k in zip(batches, ctx.query_keys[task])]
-        return [ctx.encoder.generate.remote(b, tokens) for b in batches]
+        if flow.demonstrations and task not in ctx.query_keys:  # the prompts' keys, the same for every run
+            ctx.query_keys[task] = [flow.query_keys(b) for b in batches]
+        keys = ctx.query_keys[task] if flow.demonstrations else [None] * len(batches)
+        return [flow.answer(b, tokens, k) for b, k in zip(batches, keys)]
 
     def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports,
                      on_batch: BatchHook | None) -> RoundOutcome:
@@ -289,11 +251,7 @@ class LMPipeline:
         self.roles.restore(parts)
 
     def memory_report(self) -> dict[str, int]:
-        if self.prototypes or self.demonstrations:
-            return ray.get(self.roles.handle("memory").memory_report.remote())
-        if self.spec.method == "lora":
-            return ray.get(self.roles.handle("lm_trainer").memory_bytes.remote())
-        return {}
+        return self.flow.memory_report()
 
     def learned_ids(self) -> np.ndarray:
         for role in ("memory", "lm_trainer"):

@@ -26,7 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
+from memcl_ops.arrow import schema as S
 from memcl_ops.data import superni
 from memcl_ops.data.datasets import DatasetUnavailable, load_bbc_news, stratified_split
 from memcl_ops.data.text_tasks import TextPair, TextTask
@@ -294,3 +296,24 @@ def dev_split(task: TextTask) -> TextTask:
     held = set(prompts[len(prompts) - max(1, len(prompts) // 4):])
     return replace(task, train=tuple(p for p in task.train if p.prompt not in held),
                    test=tuple(dict.fromkeys(p for p in task.train if p.prompt in held)))
+
+
+TaskBatches = list[list[pa.RecordBatch]]  # per task, its batches in order
+
+
+def task_batches(tasks: Sequence[TextTask], batch_size: int) -> tuple[TaskBatches, TaskBatches]:
+    """Every task's train and test pairs as Arrow text-pair batches of `batch_size` (train, test; each per task, in
+    order), sample ids increasing along the stream (a task's train pairs, then its test pairs, then the next task)."""
+    out: dict[str, TaskBatches] = {"train": [], "test": []}
+    next_id = 0
+    for t, task in enumerate(tasks):
+        for split, pairs in (("train", task.train), ("test", task.test)):
+            batches = []
+            for start in range(0, len(pairs), batch_size):
+                chunk = pairs[start:start + batch_size]
+                ids = np.arange(next_id, next_id + len(chunk))
+                next_id += len(chunk)
+                batches.append(S.text_pair_batch(ids, [p.prompt for p in chunk], [p.answer for p in chunk],
+                                                 task_ids=np.full(len(chunk), t), stream=task.name))
+            out[split].append(batches)
+    return out["train"], out["test"]

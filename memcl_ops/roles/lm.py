@@ -141,7 +141,12 @@ class LMLearner:
         return {"epoch_losses": self.flow.learn_task(block)} if self.flow.trains else {}
 
     def predict(self, batch: pa.RecordBatch) -> list[str]:
-        return self.flow.answer(batch, self.max_new_tokens).column(S.PREDICTION).to_pylist()
+        return self.answer(batch).column(S.PREDICTION).to_pylist()
+
+    def answer(self, batch: pa.RecordBatch, max_new_tokens: int | None = None) -> pa.RecordBatch:
+        """The batch with the generated answers (at most `max_new_tokens`, default the learner's), the NLL of each
+        reference answer and the prompt tokens read (`S.with_predictions`)."""
+        return self.flow.answer(batch, max_new_tokens or self.max_new_tokens)
 
     def state(self) -> dict[str, np.ndarray]:
         return {k: v for name, role in self.roles.items() for k, v in prefixed(name, role.state()).items()}

@@ -1,8 +1,11 @@
-"""One implementation, two executors: every registered "features" method run in-process (`build_learner` driven by
-`memcl_ops.rounds.stream_in_process`) and through the Ray pipeline (`memcl run`'s runner, actor calls and the
-compiled graph) gives the same accuracy matrix, memory bytes and sample accounting, bit for bit at one torch thread.
-The streams: an `arrow:` folder whose files end in short batches and hold rows the gate refuses, and a task-free
-synthetic stream."""
+"""One implementation, two executors: every registered method run in-process (`build_learner` driven by
+`memcl_ops.rounds.stream_in_process` or a plain loop) and through the Ray pipeline (`memcl run` / `memcl lm`'s runner,
+actor calls, and the compiled graph) computes the same run, bit for bit at one torch thread: the "features" family's
+accuracy matrix, memory bytes and sample accounting on an `arrow:` folder whose files end in short batches and hold
+rows the gate refuses, and on a task-free stream; NSR's matrix, adapter and bank on such a text folder; the "lm"
+family's every answer."""
+
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -11,12 +14,18 @@ import pytest
 import torch
 
 from memcl_ops.arrow import schema as S
+from memcl_ops.data.lm_tasks import LMStreamSpec, task_batches
+from memcl_ops.data.lm_tasks import build_stream as build_lm_stream
+from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
 from memcl_ops.methods import family_methods
+from memcl_ops.models.causal_lm import LMSpec
 from memcl_ops.roles.stream_source import StreamSource
 from memcl_ops.rounds import Schedule, plan_rounds, stream_in_process
 from pipeline import checkpoint, runner
 from pipeline.config import load_config
+from pipeline.lm import LMRunConfig, LMRuntimeConfig, run_specs
+from pipeline.lm import run as lm_run
 
 pytestmark = pytest.mark.ray
 
@@ -163,3 +172,34 @@ def test_nsr_in_process_and_actor_pipeline_compute_the_same_run(actors, one_torc
         assert stored and stored.keys() == {k[7:] for k in mine if k.startswith("memory.") and not k.endswith("meta")}
         for key, value in stored.items():
             np.testing.assert_array_equal(value, mine[f"memory.{key}"], err_msg=key)
+
+
+def test_lm_in_process_and_actor_pipeline_give_the_same_answers(actors, one_torch_thread, tmp_path):
+    """Every "lm" method, after every task, answers every test prompt it is asked the same in both executors."""
+    config = LMRunConfig(
+        model=LMSpec(name="tiny:llama", threads=1), methods=tuple(family_methods("lm")), budgets=(256,),
+        stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3),
+        runtime=LMRuntimeConfig(threads=1, batch_size=4, progress=False, out=str(tmp_path)))
+    metrics = lm_run(config, run_dir=tmp_path / "lm", actors=actors).metrics
+    asked: dict[str, dict] = {}
+    for line in (tmp_path / "lm" / "predictions.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        asked.setdefault(row["run"], {})[(row["after_task"], row["sample_id"])] = row["prediction"]
+    tasks = build_lm_stream(config.stream)
+    train, test = task_batches(tasks, config.runtime.batch_size)
+    task_of = {sid: j for j, batches in enumerate(test) for b in batches for sid in b.column(S.SAMPLE_ID).to_pylist()}
+    for spec in run_specs(config):
+        learner = build_learner(spec.method, config.method, seed=config.seed, lm=config.model, budget=spec.budget)
+        answered = {}
+        for t in range(len(tasks)):
+            learner.begin_round(Round(t, t, None))
+            for batch in train[t]:
+                learner.observe(batch)
+            learner.consolidate()
+            for j in sorted({task_of[sid] for after, sid in asked[spec.name] if after == t}):
+                for batch in test[j]:
+                    out = learner.answer(batch, tasks[j].max_answer_tokens)
+                    answered.update({(t, sid): p for sid, p in zip(out.column(S.SAMPLE_ID).to_pylist(),
+                                                                    out.column(S.PREDICTION).to_pylist())})
+        assert answered == asked[spec.name], spec.name
+        assert metrics["runs"][spec.name]["memory_bytes"] == learner.flow.memory_report(), spec.name
