@@ -65,7 +65,7 @@ class FeatureLearner:
         ids = sum(array_bytes({"learned": s["learned"]}) for s in states.values() if "learned" in s)
         out["sample_ids"] = ids
         if "memory" in self.roles:
-            stores = array_bytes({k: v for k, v in states["memory"].items() if k != "learned"})
+            stores = array_bytes(states["memory"])
             out["store_history"] = stores - sum(v for k, v in out.items() if k in ("slots", "analytic_statistics"))
         if "monitor" in self.roles:
             out["monitor_block"] = array_bytes(states["monitor"]) - out["monitor"]

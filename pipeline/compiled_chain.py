@@ -9,7 +9,7 @@ One execution is one step of R batches, R = the encoder replicas (1 without enco
                                                   -> memory.expand (the last batch's expansions)
 
 Batch j+1 is routed after the expansions of batch j, as on the classic path, so both paths give the same result.
-The round's features stay with the actor that needs them: the MemoryManager keeps what it routes (`take_block`),
+The round's features stay with the actor that needs them: the MemoryManager's slots keep what they route (`take_block`),
 and a method without a memory gets its features back at the driver, which puts them into the object store.
 An actor's death shuts a compiled graph down: the runner replays the round as after any fault, and the chain is
 compiled again over the revived actors (`close` then a new `CompiledChain`).
@@ -126,7 +126,7 @@ class CompiledChain:
         while pending:
             take()
         if self.actors.memory is not None:
-            block = [self.actors.memory.take_block.remote()]
+            block = [self.actors.memory.call.remote("slots", "take_block")]
         return block, letters
 
     def close(self) -> None:

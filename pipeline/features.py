@@ -252,7 +252,7 @@ class FeaturePipeline:
     def finish(self, state: RunState) -> dict:
         if self.content_cache:  # the rows encoded in-line, written to the content cache once per run
             self.encoders.flush_cache()
-        history = ray.get(self.memory.history.remote()) if self.spec.memory else {}
+        history = ray.get(self.memory.call.remote("slots", "history")) if self.spec.memory else {}
         monitor = ray.get(self.monitor.counters.remote()) if self.monitor is not None else {}
         return {"slots": {"history": history.get("slot_history", []), "expansions": history.get("expansions", []),
                           "refused_expansions": history.get("refused_expansions", 0), "monitor": monitor},

@@ -165,9 +165,9 @@ class LMPipeline:
         probe = LMFlow(ActorCalls(lambda role: None), method, self.method, spec.budget)
         options = {"num_cpus": 0, "max_restarts": rt.max_restarts}
         names = ["lm_encoder"]
-        stores = probe.stores(ctx.model["vocab"])
-        if stores is not None:
-            ctx.actors.get("memory", MemoryManager, options, ctx.model["hidden"], stores, cfg.seed, 1)
+        stores = probe.stores(ctx.model["hidden"], ctx.model["vocab"])
+        if stores:
+            ctx.actors.get("memory", MemoryManager, options, stores, 1)
             names.append("memory")
         if probe.trains:
             ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, self.method.finetune, cfg.seed, rt.threads)

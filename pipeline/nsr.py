@@ -27,8 +27,7 @@ from actors.memory_manager import MemoryManager
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
 from memcl_ops.nsr.adapter import probe_full
-from memcl_ops.roles.memory_manager import Stores
-from memcl_ops.roles.nsr import NSRFlow
+from memcl_ops.roles.nsr import NSRFlow, nsr_stores
 from memcl_ops.rounds import RoundBatches, plan_rounds
 from pipeline import checkpoint
 from pipeline.actor_cache import ActorCache
@@ -58,7 +57,7 @@ class NSRPipeline:
         self.banks = self.nsr.allocation == "bank"  # the memoryless rules keep nothing beyond the active capacity
         if self.banks:
             actors.get("memory", MemoryManager, {"num_cpus": 0, "max_restarts": rt.max_restarts},
-                       self.trainer_info["dim"], Stores(bank=self.nsr.bank), config.seed, rt.actor_threads)
+                       nsr_stores(self.nsr), rt.actor_threads)
             names.append("memory")
         self.roles = Roles(actors, names)
         self.flow = NSRFlow(ActorCalls(self.roles.handle), self.nsr)
@@ -155,7 +154,7 @@ class NSRPipeline:
     def finish(self, state: RunState) -> dict:
         return {"allocation": self.nsr.allocation, "adapter": self.trainer_info,
                 "recovery": recovery_summary(state.round_log),
-                "bank": ray.get(self.memory.bank_summary.remote()) if self.banks else None}
+                "bank": ray.get(self.memory.call.remote("bank", "bank_summary")) if self.banks else None}
 
 
 def previous_best(round_log: list[dict], task: int) -> float:

@@ -233,7 +233,7 @@ def stages(metrics: dict, replicas: int) -> dict[str, float]:
     encode = sum(v for k, v in busy.items() if k.endswith(".encode"))
     return {
         "source": busy.get("source.source", 0.0), "encode": encode,
-        "route": busy.get("memory.route", 0.0) + busy.get("memory.expand", 0.0),
+        "route": busy.get("memory.slots", 0.0),
         "monitor": busy.get("monitor.monitor", 0.0),
         "train": busy.get("stage1.stage1", 0.0) + busy.get("stage2.stage2", 0.0),
         "evaluate": busy.get("stage2.evaluate", 0.0),

@@ -294,6 +294,36 @@ class RidgeStatistics:
         return gram + self.targets.nbytes + self.classes.nbytes
 
 
+class StatisticsStore:
+    """An analytic head's statistics as a store of the memory manager (memcl_ops/roles/memory_manager.py): the
+    encoder replicas' partial sums of each round merged into one total (none until the first merge)."""
+
+    def __init__(self) -> None:
+        self.total: RidgeStatistics | None = None
+
+    def merge(self, *partials: dict[str, np.ndarray], half_life: int = 0) -> dict[str, np.ndarray]:
+        """Add one round's partial statistics (exact integer sums: the order does not matter) to the total, after
+        forgetting the total by the round's size (`AnalyticConfig.half_life`); returns the total's state, from which
+        the head learner solves."""
+        block = RidgeStatistics.from_state(partials[0])
+        for part in partials[1:]:
+            block.merge(RidgeStatistics.from_state(part))
+        if self.total is None:
+            self.total = block
+        else:
+            self.total.absorb(block, half_life)
+        return self.total.state()
+
+    def report(self) -> dict[str, int]:
+        return {"analytic_statistics": self.total.nbytes() if self.total is not None else 0}
+
+    def state(self) -> dict[str, np.ndarray]:
+        return self.total.state() if self.total is not None else {}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.total = RidgeStatistics.from_state(state) if state else None
+
+
 class Reservoir:
     """Samples kept from the whole stream for choosing λ (and α): the `size` samples of lowest priority, where a
     sample's priority is a hash of its features and label, so which samples are kept does not depend on the order

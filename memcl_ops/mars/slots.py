@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import torch
 
+from memcl_ops.arrow import schema as S
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.mars.sgse import Expansion
 from memcl_ops.tensors import prefixed, state_part
@@ -83,3 +85,51 @@ class SlotMemory:
         self.slot_history = [tuple(int(x) for x in row) for row in state["slot_history"]]
         self.expansions = json.loads(str(state["expansions"]))
         self.routed, self.refused_expansions = (int(x) for x in state["counters"])
+
+
+class SlotStore(SlotMemory):
+    """The slot memory as a store of the memory manager (memcl_ops/roles/memory_manager.py): routes feature
+    batches on `device` and keeps them for the trainers when asked (a compiled graph's batches never reach the
+    driver)."""
+
+    def __init__(self, feature_dim: int, config: RouterConfig, max_slots: int, seed: int, device: str = "cpu"):
+        super().__init__(feature_dim, config, max_slots, seed)
+        self.device = torch.device(device)
+        self.to(self.device)
+        self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # the round's feature batches (`keep`)
+
+    def route_batch(self, batch: pa.RecordBatch | None, expansions: list[Expansion] | None = None,
+                    keep: bool = False) -> pa.RecordBatch | None:
+        """The routing confidence per sample (for SGSE); also folds the batch into the anchor statistics.
+        `expansions` (the monitor's verdict on the previous batch) are applied first, which saves the stream a
+        separate call per batch. None (every row refused at the gate) passes through. `keep`: also keep the batch
+        for `take_block`."""
+        if expansions:
+            self.expand(expansions)
+        if batch is None:
+            return None
+        if keep:  # copied: a compiled graph's input lives in a channel buffer that the next batch overwrites
+            self.kept.append((S.sample_ids_to_numpy(batch).copy(), np.array(S.features_to_numpy(batch)),
+                              S.labels_to_numpy(batch)))
+        confidence = self.route(S.features_to_torch(batch).to(self.device)).max(dim=1).values.cpu().numpy()
+        return pa.RecordBatch.from_arrays([batch.column(S.SAMPLE_ID), pa.array(confidence)],
+                                          names=[S.SAMPLE_ID, "confidence"])
+
+    def take_block(self) -> pa.RecordBatch | None:
+        """The batches kept since the last take, as one feature batch in stream order (None: none kept): sample ids,
+        features and labels, what the trainers read (S.labelled_block); task ids and schema metadata are not kept."""
+        kept, self.kept = self.kept, []
+        if not kept:
+            return None
+        ids, feats, labels = (np.concatenate(part) for part in zip(*kept))
+        return S.feature_batch(ids, feats, labels)
+
+    def memory_state(self) -> dict[str, np.ndarray]:
+        return self.router.state()
+
+    def report(self) -> dict[str, int]:
+        return {"slots": self.nbytes(), "num_slots": self.num_slots}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        super().restore(state)
+        self.to(self.device)

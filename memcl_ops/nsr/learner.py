@@ -22,8 +22,8 @@ from memcl_ops.models.encoders import EncoderSpec
 from memcl_ops.nsr.adapter import probe_full
 from memcl_ops.roles.adapter_trainer import AdapterTrainer
 from memcl_ops.roles.executor import InProcess
-from memcl_ops.roles.memory_manager import MemoryManager, Stores
-from memcl_ops.roles.nsr import NSRFlow
+from memcl_ops.roles.memory_manager import MemoryManager
+from memcl_ops.roles.nsr import NSRFlow, nsr_stores
 from memcl_ops.tensors import parameter_bytes, prefixed, state_part
 
 
@@ -34,8 +34,8 @@ class NSRLearner:
         self.config = spec.resolve(config).nsr
         self.trainer = AdapterTrainer(encoder, payload, self.config, n_way, seed)
         self.roles: dict[str, object] = {"adapter_trainer": self.trainer}
-        if self.config.allocation == "bank":
-            self.roles["memory"] = MemoryManager(self.trainer.info()["dim"], Stores(bank=self.config.bank), seed)
+        if stores := nsr_stores(self.config):
+            self.roles["memory"] = MemoryManager(stores)
         self.flow = NSRFlow(InProcess(self.roles), self.config)
         self.task_classes: dict[int, list[int]] = {}  # every task seen, for predict
         self.round: Round | None = None
@@ -114,7 +114,7 @@ class NSRLearner:
                "bookkeeping": 8 * (len(learner.classes) + len(self.task_classes) * (1 + n_way)),
                "sample_ids": sum(int(role.learned_ids().nbytes) for role in self.roles.values())}
         if "memory" in self.roles:
-            bank = self.roles["memory"].bank
+            bank = self.roles["memory"].stores["bank"]
             out["bank"] = bank.nbytes()
             out["bookkeeping"] += 8 * (len(bank.entries) + len(bank.evicted))
         return out

@@ -37,3 +37,8 @@ class InProcess:
 
     def get(self, handle: Any) -> Any:
         return handle
+
+
+def store_call(executor: Executor, store: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    """`method` of one of the memory manager's stores (memcl_ops/roles/memory_manager.py)."""
+    return executor.call("memory", "call", store, method, *args, **kwargs)

@@ -3,8 +3,8 @@ The in-process learner (memcl_ops/feature_learner.py) runs it over roles in this
 (pipeline/features.py, by actor calls or a compiled graph); both through an `Executor`
 (memcl_ops/roles/executor.py), so both compute the same thing.
 
-Per training batch:   memory.route (applies the previous batch's expansions first) -> monitor.observe
-Per round:            memory.expand (the last batch's) -> stage1.train -> memory.load_memory
+Per training batch:   slots.route_batch (applies the previous batch's expansions first) -> monitor.observe
+Per round:            slots.expand (the last batch's) -> stage1.train -> slots.load_trained
                       -> stage2.train (the head, through the trained memory) -> stage2.end_task
 Evaluation:           stage2.evaluate / stage2.predict through the memory the head was trained with.
 
@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from memcl_ops.analytic.ridge import StatisticsStore
+from memcl_ops.mars.slots import SlotStore
 from memcl_ops.methods import MethodConfig, MethodSpec
-from memcl_ops.roles.executor import Executor
-from memcl_ops.roles.memory_manager import MemoryManager, Stores
+from memcl_ops.roles.executor import Executor, store_call
+from memcl_ops.roles.memory_manager import MemoryManager, StoreSpec
 from memcl_ops.roles.novelty_monitor import NoveltyMonitor
 from memcl_ops.roles.stage1_trainer import Stage1Trainer
 from memcl_ops.roles.stage2_trainer import Stage2Trainer
@@ -35,10 +37,14 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
     them); `device`: where routing and stage 1 compute."""
     method = spec.resolve(config)
     plan: RolePlan = {}
-    if spec.memory or merges:
-        stores = Stores(slots=method.router, max_slots=method.sgse.max_slots) if spec.memory else Stores()
+    stores = {}
+    if spec.memory:
+        stores["slots"] = StoreSpec(SlotStore, (feature_dim, method.router, method.sgse.max_slots, seed, device))
+    if merges:
+        stores["statistics"] = StoreSpec(StatisticsStore)
+    if stores:
         # one thread: it routes every batch while encoders run, and a second thread would fight them for the cores
-        plan["memory"] = (MemoryManager, (feature_dim, stores, seed, None if threads is None else 1, device))
+        plan["memory"] = (MemoryManager, (stores, None if threads is None else 1))
     if spec.sgse:
         plan["monitor"] = (NoveltyMonitor, (method.sgse,))
     if spec.stage1:
@@ -61,7 +67,7 @@ class FeatureFlow:
         also keeps the batch for `take_block` (a compiled graph, whose batches never reach the driver)."""
         if not self.spec.memory:
             return features
-        routed = self.x.call("memory", "route", features, self.expansions, keep)
+        routed = store_call(self.x, "slots", "route_batch", features, self.expansions, keep)
         if not self.spec.sgse:
             return routed
         self.expansions = self.x.call("monitor", "observe", routed, features)
@@ -70,7 +76,7 @@ class FeatureFlow:
     def end_stream(self) -> Any:
         """The call that applies the last batch's expansions (None: nothing pending)."""
         expansions, self.expansions = self.expansions, None
-        return None if expansions is None else self.x.call("memory", "expand", expansions)
+        return None if expansions is None else store_call(self.x, "slots", "expand", expansions)
 
     def consolidate(self, block: list[Any], *, partials: list[Any] | None = None, progress: Any = None,
                     wait: Callable[[Any], Any] | None = None) -> tuple[dict, dict[str, float]]:
@@ -84,13 +90,13 @@ class FeatureFlow:
         if pending is not None:
             x.get(pending)
         if self.spec.stage1:
-            trained = x.call("stage1", "train", x.call("memory", "memory_state"), *block, progress=progress)
+            trained = x.call("stage1", "train", store_call(x, "slots", "memory_state"), *block, progress=progress)
             wait(trained)
-            x.get(x.call("memory", "load_memory", trained))
+            x.get(store_call(x, "slots", "load_trained", trained))
         t1 = time.perf_counter()
-        memory = x.call("memory", "memory_state") if self.spec.memory else None
+        memory = store_call(x, "slots", "memory_state") if self.spec.memory else None
         if partials is not None:
-            merged = x.call("memory", "merge_statistics", *partials, half_life=self.method.analytic.half_life)
+            merged = store_call(x, "statistics", "merge", *partials, half_life=self.method.analytic.half_life)
             report = wait(x.call("stage2", "train_merged", merged, memory, *block, progress=progress))
         else:
             report = wait(x.call("stage2", "train", memory, *block, progress=progress))

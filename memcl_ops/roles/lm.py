@@ -3,12 +3,13 @@ the in-process learner (`LMLearner`, here) runs it over roles in this process, `
 (pipeline/lm.py).
 
 Per training batch of text pairs:
-    lm_encoder.extract (teacher-forced key and correction) -> memory.write_prototypes        (MIITA)
-                                                    └─────> memory.write_replay              (text replay)
-                                                    └─────> memory.write_both                (MIITA + replay)
+    lm_encoder.extract (teacher-forced key and correction) -> text.write_prototypes          (MIITA)
+                                                    └─────> text.write_replay                (text replay)
+                                                    └─────> text.write_both                  (MIITA + replay)
 Per task:   lm_trainer.train on the task's batches                                           (LoRA)
-Answering:  memory.prototype_state -> lm_encoder.generate(adapted)                           (MIITA)
-            lm_encoder.query_keys -> memory.demonstrations -> lm_encoder.generate(shown)     (replay)
+Answering:  text.prototype_state -> lm_encoder.generate(adapted)                             (MIITA)
+            lm_encoder.query_keys -> text.demonstrations -> lm_encoder.generate(shown)       (replay)
+(`text` is the memory manager's store of the method's prototypes and demonstrations, memcl_ops/miita/store.py.)
             lm_trainer.generate (LoRA); lm_encoder.generate (the frozen base)
 """
 
@@ -24,11 +25,12 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.learner import Round
 from memcl_ops.methods import LMMethodConfig, MethodSpec
 from memcl_ops.miita.directions import MemoryConfig
+from memcl_ops.miita.store import TextMemoryStore
 from memcl_ops.models.causal_lm import LMSpec
-from memcl_ops.roles.executor import Executor, InProcess
+from memcl_ops.roles.executor import Executor, InProcess, store_call
 from memcl_ops.roles.lm_encoder import LMEncoder
 from memcl_ops.roles.lm_trainer import LMTrainer
-from memcl_ops.roles.memory_manager import MemoryManager, Stores
+from memcl_ops.roles.memory_manager import MemoryManager, StoreSpec
 from memcl_ops.tensors import array_bytes, prefixed, state_part
 
 
@@ -48,14 +50,15 @@ class LMFlow:
         budget = self.method.hybrid.budgets(self.budget)[0] if both else self.budget
         return replace(self.method.memory, budget_bytes=budget)
 
-    def stores(self, vocab: int) -> Stores | None:
-        """The memory manager's stores (None: the method keeps no memory); the budget caps both together."""
+    def stores(self, hidden: int, vocab: int) -> dict[str, StoreSpec]:
+        """The memory manager's stores (none: the method keeps no memory); the budget caps both parts together.
+        `hidden`, `vocab`: the LM's hidden size and vocabulary."""
         if not (self.prototypes or self.demonstrations):
-            return None
+            return {}
         shown = self.method.hybrid.budgets(self.budget)[1] if self.prototypes else self.budget
-        return Stores(prototypes=self.memory_config if self.prototypes else None,
-                      replay=replace(self.method.replay, budget_bytes=shown) if self.demonstrations else None,
-                      vocab=vocab)
+        return {"text": StoreSpec(TextMemoryStore, (
+            hidden, vocab, self.memory_config if self.prototypes else None,
+            replace(self.method.replay, budget_bytes=shown) if self.demonstrations else None))}
 
     def extract(self, pairs: Any) -> Any:
         return self.x.call("lm_encoder", "extract", pairs)
@@ -63,11 +66,11 @@ class LMFlow:
     def learn_batch(self, pairs: Any, extracted: Any) -> Any:
         """Write one batch into the memory (its report), or None for a method without one."""
         if self.prototypes and self.demonstrations:
-            return self.x.call("memory", "write_both", pairs, extracted, self.method.hybrid, self.budget)
+            return store_call(self.x, "text", "write_both", pairs, extracted, self.method.hybrid, self.budget)
         if self.prototypes:
-            return self.x.call("memory", "write_prototypes", extracted)
+            return store_call(self.x, "text", "write_prototypes", extracted)
         if self.demonstrations:
-            return self.x.call("memory", "write_replay", pairs, extracted)
+            return store_call(self.x, "text", "write_replay", pairs, extracted)
         return None
 
     def learn_task(self, batches: list[Any]) -> Any:
@@ -85,9 +88,9 @@ class LMFlow:
             return x.call("lm_trainer", "generate", pairs, max_new_tokens)
         if self.demonstrations and query_keys is None:
             query_keys = self.query_keys(pairs)
-        shown = x.call("memory", "demonstrations", query_keys) if self.demonstrations else None
+        shown = store_call(x, "text", "demonstrations", query_keys) if self.demonstrations else None
         if self.prototypes:
-            state = x.call("memory", "prototype_state")
+            state = store_call(x, "text", "prototype_state")
             if shown is None:
                 return x.call("lm_encoder", "generate", pairs, max_new_tokens, state, self.memory_config,
                               self.method.adapt)
@@ -120,9 +123,9 @@ class LMLearner:
         else:
             roles["lm_encoder"] = encoder = LMEncoder(lm)
             info = encoder.info()
-            stores = flow.stores(info["vocab"])
-            if stores is not None:
-                roles["memory"] = MemoryManager(info["hidden"], stores, seed)
+            stores = flow.stores(info["hidden"], info["vocab"])
+            if stores:
+                roles["memory"] = MemoryManager(stores)
         self.roles = roles
         self.flow = LMFlow(InProcess(roles), spec, flow.method, budget)
         self.block: list[pa.RecordBatch] = []  # the round's batches (LoRA trains on them at `consolidate`)
@@ -161,11 +164,11 @@ class LMLearner:
         paper's anchor owner index and counters, replay's cached keys and task ids)."""
         out = self.flow.memory_report()
         for name, role in self.roles.items():
-            state = role.state()
-            if "learned" in state:
-                out[f"{name}.sample_ids"] = array_bytes({"learned": state["learned"]})
+            if hasattr(role, "learned_ids"):
+                out[f"{name}.sample_ids"] = int(role.learned_ids().nbytes)
             if name == "memory":
-                for store, reported in (("prototypes", "prototypes"), ("replay", "replay_text")):
+                state = role.state()
+                for part, reported in (("prototypes", "prototypes"), ("replay", "replay_text")):
                     if reported in out:
-                        out[f"{store}.bookkeeping"] = array_bytes(state_part(state, store)) - out[reported]
+                        out[f"{part}.bookkeeping"] = array_bytes(state_part(state, f"text.{part}")) - out[reported]
         return out

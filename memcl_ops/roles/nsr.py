@@ -2,10 +2,10 @@
 learner (memcl_ops/nsr/learner.py) runs it over roles in this process, `memcl run` over actors (pipeline/nsr.py).
 
 Per visit of a task:
-    the first batches, until their rows make the probe -> adapter_trainer.key (LoRA off) -> memory.arrive
+    the first batches, until their rows make the probe -> adapter_trainer.key (LoRA off) -> bank.arrive
         (allocation "bank": restore / warm start / fresh from the bank; the memoryless rules: fresh or keep)
     -> adapter_trainer.begin_task(plan) -> adapter_trainer.train(batch) for every batch, the probe's first
-    -> adapter_trainer.end_task -> memory.store_task(the compressed snapshot)              (allocation "bank")
+    -> adapter_trainer.end_task -> bank.store_task(the compressed snapshot)              (allocation "bank")
 Evaluation of a task: through its bank entry (the active capacity for the memoryless rules and an evicted task).
 """
 
@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memcl_ops.nsr.adapter import ArrivalPlan, NSRConfig
-from memcl_ops.roles.executor import Executor
+from memcl_ops.nsr.store import BankStore
+from memcl_ops.roles.executor import Executor, store_call
+from memcl_ops.roles.memory_manager import StoreSpec
+
+
+def nsr_stores(config: NSRConfig) -> dict[str, StoreSpec]:
+    """The memory manager's stores: the bank (none for the memoryless rules, which keep no memory manager)."""
+    return {"bank": StoreSpec(BankStore, (config.bank,))} if config.allocation == "bank" else {}
 
 
 class NSRFlow:
@@ -31,7 +38,7 @@ class NSRFlow:
         x, key = self.x, None
         if self.banks:
             key = x.call("adapter_trainer", "key", *probe)
-            plan = x.call("memory", "arrive", key, self.config.lora.rank)
+            plan = store_call(x, "bank", "arrive", key, self.config.lora.rank)
         else:
             plan = ArrivalPlan("fresh" if self.config.allocation == "fresh" else "keep")
         x.get(x.call("adapter_trainer", "begin_task", classes, plan, previous_best, *tests))
@@ -48,12 +55,12 @@ class NSRFlow:
         ended = dict(wait(x.call("adapter_trainer", "end_task", self.banks, *tests)))
         if self.banks:
             snapshot = x.call("adapter_trainer", "snapshot")
-            ended["evicted"] = x.get(x.call("memory", "store_task", task, key, snapshot, ended["acc_stored"]))
+            ended["evicted"] = x.get(store_call(x, "bank", "store_task", task, key, snapshot, ended["acc_stored"]))
         return ended
 
     def entry(self, task: int) -> Any:
         """The bank entry a task is answered through (None: the active capacity)."""
-        return self.x.call("memory", "bank_entry", task) if self.banks else None
+        return store_call(self.x, "bank", "entry", task) if self.banks else None
 
     def evaluate(self, task: int, classes: list[int], tests: Sequence[Any]) -> Any:
         """Accuracy of a task on its test batches."""

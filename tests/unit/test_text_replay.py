@@ -118,10 +118,10 @@ def test_miita_replay_demonstrations_hold_what_the_prototypes_leave(budget):
         seen += batch.num_rows
         used = both.memory_bytes()
         assert used["prototypes"] + used["replay_text"] <= budget, used
-        assert both.roles["memory"].replay.budget == budget - used["prototypes"]
-        for key, value in alone.roles["memory"].prototypes.state().items():
-            np.testing.assert_array_equal(both.roles["memory"].prototypes.state()[key], value)
-    shown = len(both.roles["memory"].replay)
+        assert both.roles["memory"].stores["text"].replay.budget == budget - used["prototypes"]
+        for key, value in alone.roles["memory"].stores["text"].prototypes.state().items():
+            np.testing.assert_array_equal(both.roles["memory"].stores["text"].prototypes.state()[key], value)
+    shown = len(both.roles["memory"].stores["text"].replay)
     assert (shown == seen) == (budget == 65536), shown
 
 
@@ -133,5 +133,5 @@ def test_miita_replay_with_a_fixed_share_keeps_each_store_in_its_part():
         learner.observe(batch)
         used = learner.memory_bytes()
         assert used["prototypes"] <= 175 and used["replay_text"] <= 525, used
-        assert learner.roles["memory"].replay.budget == 525  # the fixed part, whatever the prototypes hold
-    assert len(learner.roles["memory"].replay) > 0
+        assert learner.roles["memory"].stores["text"].replay.budget == 525  # the fixed part
+    assert len(learner.roles["memory"].stores["text"].replay) > 0
