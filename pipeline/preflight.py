@@ -25,7 +25,7 @@ def check_run(config: RunConfig) -> MethodSpec:
     spec = method(config.method.name)
     if spec.family == "lm":
         raise ConfigError(f"method.name: {spec.name} answers text prompts with a causal LM; run it with `memcl lm "
-                          f"--methods {spec.name}` (memcl run takes: "
+                          f"--set 'methods=[{spec.name}]'` (memcl run takes: "
                           + ", ".join(n for n, s in METHODS.items() if s.family != "lm") + ")")
     if config.stream.task_free and not spec.task_free:
         raise ConfigError(f"stream.task_free: method {spec.name} needs task boundaries; accepted with task_free: "

@@ -5,6 +5,7 @@ import re
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline import cli
@@ -31,3 +32,23 @@ def test_readme_own_data_example_runs(ray_session, tmp_path, monkeypatch, capsys
     assert re.search(r"A_last (\d+\.\d+)", out) and float(re.search(r"A_last (\d+\.\d+)", out).group(1)) > 80
     assert "samples streamed 800, learned 800" in out
     assert "cat, dog" in out  # class names from mydata/classes.txt in the summary
+
+
+def python_example() -> str:
+    section = README.read_text().split("## From Python", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+def test_readme_python_api_example_runs_both_executors(ray_session, tmp_path, monkeypatch):
+    code, _ = own_data_example()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    scope: dict = {}
+    exec(compile(python_example(), "README.md", "exec"), scope)
+    result, local = scope["result"], scope["local"]
+    assert result.samples.learned == 800 and result.run_dir.is_dir()
+    matrix = np.array(result.metrics["acc_matrix"], dtype=float)
+    assert matrix.shape == local.matrix.shape == (2, 2)
+    # the same flow in both executors: equal up to float rounding of their thread counts
+    np.testing.assert_allclose(local.matrix, matrix, atol=0.02)
+    assert result.summary.a_last > 0.8

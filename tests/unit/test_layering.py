@@ -18,11 +18,11 @@ def test_memcl_ops_never_imports_ray():
 
 def project_imports(root) -> dict[str, set[str]]:
     """Module -> the project modules it imports, at any depth of its code (a function's local import counts: it is
-    how circles used to hide), for the three installed packages."""
+    how circles used to hide), for the installed packages."""
     import ast
 
     files = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
-             for package in ("memcl_ops", "pipeline", "actors") for p in (root / package).rglob("*.py")}
+             for package in ("memcl", "memcl_ops", "pipeline", "actors") for p in (root / package).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -81,7 +81,7 @@ def test_no_import_circle_among_the_projects_modules():
 
 
 def test_the_circle_check_finds_a_circle_hidden_in_a_function(tmp_path):
-    for package in ("memcl_ops", "pipeline", "actors"):
+    for package in ("memcl", "memcl_ops", "pipeline", "actors"):
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "memcl_ops" / "a.py").write_text("from memcl_ops import b\n")
