@@ -1,4 +1,4 @@
-"""What a GPU does for memcl's heavy paths, in one table (issue 18), sized to run in under 8 minutes on one GPU.
+"""What a GPU does for memcl's heavy paths, in one table, sized to run in under 8 minutes on one GPU.
 
 Rows (throughput = the median over `repeats` timed repeats, after `warmup` untimed ones; on CUDA every repeat is
 bracketed by torch.cuda.synchronize()):

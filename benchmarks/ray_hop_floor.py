@@ -1,5 +1,5 @@
 """Ray's own cost per batch for chains of 1 to 4 no-op actor hops, classic calls and a compiled graph, on this
-machine: the floor under any memcl chain of that many hops (issue 18's "< 1 ms per batch" goal).
+machine: the floor under any memcl chain of that many hops.
 
 The batches are the cheap-encoder and cached-feature cases of `memcl bench throughput` (256 rows of 64-d and of
 1280-d float32 features); each chain is timed `--repeats` times, alternating the hop counts, and the median is

@@ -167,11 +167,11 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     MethodSpec("mars", "MARS: slot memory + SGSE + DCDA stage 1 and 2", head="distill", memory=True, sgse=True,
                stage1=True),
     # SGSE's calibrated reference signal (docs/methods.md): keeps SGSE's slot bound on long recurring streams, where
-    # the paper's confidence signal does not; not MARS's default because it costs 1.4 points A_last on fmnist-5x2
+    # the MARS paper's confidence signal does not; not MARS's default because it costs 1.4 points A_last on fmnist-5x2
     # (benchmarks/RESULTS.md, "SGSE signals")
     MethodSpec("mars-reference", "MARS with SGSE's calibrated per-slot reference signal (frozen features)",
                head="distill", memory=True, sgse=True, stage1=True, fixed={"sgse": {"signal": "reference"}}),
-    # MARS as the paper writes it: stage 1's schedule (W_q, started orthogonal, trained too, all 20 epochs, Adam's
+    # MARS as its paper writes it: stage 1's schedule (W_q, started orthogonal, trained too, all 20 epochs, Adam's
     # per-tensor loop; MARS's default runs one epoch and keeps W_q the identity, A_last within a seed std or above),
     # one anchor per slot (MARS's default keeps one per slot and class) and KD only at the anchors (MARS's default
     # adds CE there; benchmarks/RESULTS.md)
@@ -193,7 +193,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     MethodSpec("simplecil", "SimpleCIL: cosine nearest class mean, no training", head="nearest-mean", role="baseline"),
     MethodSpec("joint", "joint training on all data seen so far (non-continual upper bound)", head="joint",
                uses_labels_of="seen", role="upper-bound"),
-    # MARS ablations (the paper's Tab. ablations). No-Stage2 keeps the classifier (something must classify) but
+    # MARS ablations (its paper's ablations). No-Stage2 keeps the classifier (something must classify) but
     # drops stage 2's distillation (LwF and the anchor terms): the head is trained by CE alone on h̃.
     MethodSpec("mars-no-sgse", "MARS with the initial slots only (no SGSE expansion)", head="distill", memory=True,
                stage1=True, role="ablation"),
@@ -225,7 +225,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
     MethodSpec("miita", "MIITA, position-aware: answer-position prototypes on centred compact keys, the smallest "
                "pre-LM-head step that flips each position to the memory's token", family="lm",
                tags=frozenset({"generative", "byte-budget", "direction-memory"})),
-    # MIITA as the paper writes it: one correction averaged over the answer, fp16 raw-key anchors merged at 0.9,
+    # MIITA as its paper writes it: one correction averaged over the answer, fp16 raw-key anchors merged at 0.9,
     # K = 3 by relevance + uncertainty, the gated relative step (benchmarks/RESULTS.md, "MIITA, position-aware")
     MethodSpec("miita-paper", "MIITA as written: averaged direction prototypes + gated temporary update", family="lm",
                tags=frozenset({"generative", "byte-budget", "direction-memory"}),

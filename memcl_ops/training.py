@@ -48,7 +48,7 @@ class OptimConfig:
     lr: float = 1e-3
     batch_size: int = 128
     # Early stop [R]: after an epoch whose mean loss is not below (1 - tolerance) x the best epoch so far for
-    # `patience` epochs in a row, stop. patience 0: always run `epochs` epochs (the paper's schedule).
+    # `patience` epochs in a row, stop. patience 0: always run `epochs` epochs (the schedule of the MARS paper).
     patience: int = 0
     tolerance: float = 0.0
     # torch's fused Adam kernel (the same update rule; on CPU several times faster than the default per-tensor

@@ -34,9 +34,9 @@ class Stage1Config:
     optim: OptimConfig = OptimConfig(epochs=1, fused=True)
     lambda_smooth: float = 0.3  # [S]
     temperature: float = 0.07  # SupCon τ [R]
-    # What h̃ is pulled towards: the paper writes raw h_T; LN(h_T) when the scales differ [R].
+    # What h̃ is pulled towards: the MARS paper writes raw h_T; LN(h_T) when the scales differ [R].
     smooth_target: Literal["ln", "raw"] = "ln"
-    # Train W_q too (as the paper writes) or only K, γ, β [R]. Without W_q stage 1 has no D x D gradient (half of its
+    # Train W_q too (as MARS's paper has it) or only K, γ, β [R]. Without W_q stage 1 has no D x D gradient (half of its
     # time at D = 1280) and W_q stays an isometry, so routing takes the keys into feature space instead of every
     # sample into query space (memcl_ops/mars/router.py); A_last on the bench suites is within one seed std either
     # way (benchmarks/RESULTS.md).
@@ -68,7 +68,7 @@ class Stage2Config:
     # CE on the (slot, class) anchor points with their class as the label, so the old classes keep a positive term
     # against the new classes' CE, not only the teacher's soft targets: replay of class prototypes instead of samples
     # (as PASS replays prototypes) [R]. A slot anchor has no class of its own (it sits between the classes its slot
-    # holds) and takes no CE. 0: the paper's loss. 0.3: MARS's A_last on synthetic-drift 29.74 -> 63.79 (1 / 3:
+    # holds) and takes no CE. 0: MARS's paper's loss. 0.3: MARS's A_last on synthetic-drift 29.74 -> 63.79 (1 / 3:
     # 64.40 / 63.23), the other suites within a seed std; 1 costs the task just seen its accuracy on a short stream
     # of few epochs (tests/integration/test_methods_pipeline.py), 0.3 does not (benchmarks/RESULTS.md, "CE at the
     # class anchors").
@@ -77,7 +77,7 @@ class Stage2Config:
     # split over its anchors by their routing mass ("class"), so a class that lives in one slot counts as much as
     # one spread over thirty [R]. (Slot anchors have no class: their KD stays uniform.)
     anchor_weighting: Literal["point", "class"] = "class"
-    # Where a new class's column starts: at zero (the paper), or at its prototype, the unit mean h̃ of its samples in
+    # Where a new class's column starts: at zero (MARS's paper), or at its prototype, the unit mean h̃ of its samples in
     # the block, scaled to `init_scale` x the mean norm of the columns trained before (x 1 on the first block), with
     # their mean bias (weight imprinting, Qi et al. 2018) [R]. A column started at zero moves at most lr per Adam step
     # per coordinate: a 400-sample visit of 32-d features gets 40 steps and ends far short of the old columns, so the
@@ -90,7 +90,7 @@ class Stage2Config:
     # features, routed through the memory as real rows are: the anchors keep each class's means, these its spread,
     # which the boundaries between old and new classes need [R]. Per class `gaussian_per_class` draws a fit; the
     # covariance is shrunk towards its mean variance by `gaussian_shrink` (a class of 135 rows does not determine
-    # 1,280 dimensions). 0: off (the paper). 0.3, the anchor CE's weight (measured with the pooled covariance of
+    # 1,280 dimensions). 0: off (the MARS paper). 0.3, the anchor CE's weight (measured with the pooled covariance of
     # before): A_last +0.1 to +1.2 on the four bench suites against 0, and the task just learned keeps more than at 1
     # (synthetic-drift's diagonal 79 % against 74 %; benchmarks/RESULTS.md, "New classes start at their prototypes").
     # 256 draws per class, not 64: the replay's own randomness moved fmnist-5x2's A_last by about half a point between

@@ -424,7 +424,7 @@ def is_position_aware(config: MemoryConfig) -> bool:
 
 
 def build_memory(hidden: int, vocab: int, config: MemoryConfig) -> AnswerMemory | DirectionMemory:
-    """The memory a MIITA configuration asks for: position-aware (positions ≥ 1) or the paper's averaged one."""
+    """The memory a MIITA configuration asks for: position-aware (positions ≥ 1) or the MIITA paper's averaged one."""
     return AnswerMemory(hidden, vocab, config) if is_position_aware(config) else DirectionMemory(hidden, hidden, config)
 
 
@@ -440,7 +440,7 @@ def adaptation(memory: AnswerMemory | DirectionMemory, weight: torch.Tensor, con
     """The adapter factory for `CausalLM.generate` of either memory."""
     if isinstance(memory, AnswerMemory):
         return AnswerSteering(memory, weight, config)
-    if config.rule != "relative":  # the paper's memory keeps no tokens to flip to or copy
+    if config.rule != "relative":  # the MIITA paper's memory keeps no tokens to flip to or copy
         raise ValueError(f"adapt.rule {config.rule!r} needs the position-aware memory (memory.positions >= 1); the "
                          "paper's averaged memory takes rule 'relative'")
     return Adaptation(memory, weight, config)

@@ -44,7 +44,7 @@ COUNT_BYTES = 4  # b_n: n_j is an int32
 class MemoryConfig:
     """Write, budget and repair of the direction memory; all [R] (docs/methods.md, "MIITA")."""
 
-    budget_bytes: int = 256 * 1024  # C_mem; the paper reports robustness across budgets, values unknown
+    budget_bytes: int = 256 * 1024  # C_mem; the MIITA paper reports robustness across budgets, values unknown
     eps: float = 1e-8  # ε of Norm(·)
     # answer positions kept per prototype, the end-of-answer token included (memcl_ops/miita/answers.py); 0: the
     # paper's memory, one correction averaged over the answer (this module; `miita-paper`)
@@ -56,10 +56,10 @@ class MemoryConfig:
     anchor_code: Literal["sign", "int8", "float16"] = "sign"  # position-aware: H/8, H or 2H bytes per anchor
     min_correction_norm: float = 0.0  # ρ_min: skip writes whose ‖R_m‖ is below it (0: off)
     direction_merge: float = 0.8  # τ_d: merge into the nearest prototype when cos(d_m, d_j) ≥ τ_d
-    # τ_a: add the key as an anchor when no anchor of the prototype is this close (the paper's 0.9 is on raw keys,
+    # τ_a: add the key as an anchor when no anchor of the prototype is this close (the MIITA paper's 0.9 is on raw keys,
     # where any two prompts are that close; on centred keys 0.99 keeps one anchor per distinct prompt)
     new_anchor: float = 0.99
-    storage_dtype: Literal["float16", "float32"] = "float16"  # the paper's memory: b_d = b_k = 2 bytes at fp16
+    storage_dtype: Literal["float16", "float32"] = "float16"  # the MIITA paper's memory: b_d = b_k = 2 bytes at fp16
     prototype_merge_cost: float = 2.0  # λ_p: prototype merges cost λ_p·(1 − cos), so anchor merges go first
 
     def __post_init__(self) -> None:
@@ -68,7 +68,7 @@ class MemoryConfig:
         if self.anchor_code not in ("sign", "int8", "float16"):
             raise ValueError(f"anchor_code {self.anchor_code!r} is not one of sign, int8, float16")
         if not 0 <= self.positions <= 255:
-            raise ValueError(f"positions must be in 0..255 (0: the paper's averaged memory), got {self.positions}")
+            raise ValueError(f"positions must be in 0..255 (0: MIITA's averaged memory), got {self.positions}")
         if self.budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {self.budget_bytes}")
         for name in ("direction_merge", "new_anchor"):
@@ -81,15 +81,15 @@ class AdaptConfig:
     """Retrieval, aggregation, gate and step size at inference; [R] (docs/methods.md, "MIITA")."""
 
     # "flip": the smallest step that makes the memory's token the argmax (position-aware memory only); "relative":
-    # the paper's h + η·g·‖h‖·Δ
+    # the MIITA paper's h + η·g·‖h‖·Δ
     rule: Literal["flip", "relative", "copy"] = "flip"  # "copy": answer with the stored tokens (nearest-answer)
     flip_margin: float = 0.1  # flip: the step is (1 + margin) times the smallest flipping one
     max_step: float = 1.0  # flip: no step longer than this times ‖h‖ (beyond it the model keeps its own token)
     flip_iterations: int = 8  # flip: re-linearised steps before giving up (the model then keeps its token)
     min_relevance: float = -1.0  # position-aware: prototypes below this centred-key cosine do not vote (-1: all vote)
-    candidates: int = 8  # K_s: prototypes kept per query by anchor relevance (the paper's memory)
-    top_k: int = 1  # K: prototypes aggregated per decoding step (the paper's K = 3 averages other answers in)
-    uncertainty_weight: float = 0.5  # λ_u in s_j = r_j + λ_u·cos(u_t, d_j) (the paper's memory)
+    candidates: int = 8  # K_s: prototypes kept per query by anchor relevance (the MIITA paper's memory)
+    top_k: int = 1  # K: prototypes aggregated per decoding step (the MIITA paper's K = 3 averages other answers in)
+    uncertainty_weight: float = 0.5  # λ_u in s_j = r_j + λ_u·cos(u_t, d_j) (the MIITA paper's memory)
     temperature: float = 0.05  # τ_w of the aggregation softmax
     entropy_slope: float = 10.0  # κ_H
     entropy_threshold: float = 0.15  # θ_H, on the entropy normalised by log V
@@ -391,7 +391,7 @@ class StepUpdate:
                 * torch.sigmoid(cfg.relevance_slope * (max_relevance - cfg.relevance_threshold)))
 
     def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, position: int) -> torch.Tensor:
-        del position  # the paper's update is the same at every step
+        del position  # the MIITA paper's update is the same at every step
         if self.candidates.shape[1] == 0:  # empty memory: nothing to add
             self.last_gate = torch.zeros(len(hidden), device=hidden.device)
             return hidden
