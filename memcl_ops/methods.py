@@ -35,7 +35,7 @@ from memcl_ops.training import OptimConfig
 class MethodConfig:
     """Every method knob, with its default (the [R] ones documented where they are used)."""
 
-    name: str = "mars"
+    name: str = "mars"  # a registered method (`memcl list methods`)
     router: RouterConfig = RouterConfig()
     sgse: SGSEConfig = SGSEConfig()
     stage1: Stage1Config = Stage1Config()

@@ -45,12 +45,12 @@ def epoch_reporter(queue: ProgressQueue | None, label: str) -> EpochHook | None:
 @dataclass(frozen=True)
 class OptimConfig:
     epochs: int = 10  # the most epochs run
-    lr: float = 1e-3
-    batch_size: int = 128
+    lr: float = 1e-3  # Adam's step size
+    batch_size: int = 128  # rows per minibatch
     # Early stop [R]: after an epoch whose mean loss is not below (1 - tolerance) x the best epoch so far for
     # `patience` epochs in a row, stop. patience 0: always run `epochs` epochs (the schedule of the MARS paper).
     patience: int = 0
-    tolerance: float = 0.0
+    tolerance: float = 0.0  # the relative loss drop that counts as progress for the early stop
     # torch's fused Adam kernel (the same update rule; on CPU several times faster than the default per-tensor
     # loop for large parameters, equal to it up to float rounding) [R]
     fused: bool = False

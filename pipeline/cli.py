@@ -176,7 +176,12 @@ OWN_DATA = [  # the data sources that are not a fixed dataset (memcl_ops/data/so
 def cmd_config(args: argparse.Namespace) -> int:
     from pipeline.config import describe, load_config
 
-    config = load_config(args.config, _overrides(args))
+    if args.lm:
+        from pipeline.lm import LMRunConfig
+
+        config = load_config(args.config, _overrides(args), cls=LMRunConfig)
+    else:
+        config = load_config(args.config, _overrides(args))
     print(describe(config), end="")
     return 0
 
@@ -251,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cfg = command("config", "print the run config (the embedded default, or with --config / --set applied)")
     cfg.add_argument("--show", action="store_true", help="print it as YAML with each key's help (the default action)")
+    cfg.add_argument("--lm", action="store_true", help="the config of `memcl lm` instead of `memcl run`'s")
     cfg.add_argument("--config", help="YAML file overriding the embedded default")
     cfg.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value")
     cfg.set_defaults(func=cmd_config)

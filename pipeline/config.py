@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EncoderPoolConfig:
     spec: EncoderSpec = EncoderSpec()
-    replicas: int = 1
+    replicas: int = 1  # encoder actors; batches go round-robin
     num_cpus: float = 1.0  # Ray CPUs reserved per replica
     num_gpus: float | Literal["auto"] = "auto"  # "auto": 1 per replica when the cluster has GPUs, else 0
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per replica (placement)
@@ -44,7 +44,7 @@ class EncoderPoolConfig:
 class RuntimeConfig:
     address: str | None = None  # None: start Ray in-process; "auto": join a running cluster
     num_cpus: int | None = None  # for an in-process Ray; None: all cores
-    object_store_mb: int = 512
+    object_store_mb: int = 512  # an in-process Ray's object store
     max_in_flight: int = 4  # batches in the pipeline at once (backpressure)
     # How a training batch moves along the features chain: one actor call per hop ("actors"), or a Ray Compiled
     # Graph over the same actors ("compiled": shared-memory channels, pipeline/compiled_chain.py; each channel
@@ -53,9 +53,9 @@ class RuntimeConfig:
     compiled_timeout_s: float = 300.0  # the longest wait for one compiled step before it counts as hung
     actor_threads: int = 2  # torch threads in the learner actors
     cache_dir: str = ".memcl_cache"  # Parquet feature cache; "" disables it (encode in-line)
-    out: str = "runs"
-    checkpoint: bool = True
-    progress: bool = True
+    out: str = "runs"  # where run folders are made
+    checkpoint: bool = True  # checkpoint every actor after each round (what --resume and fault replay read)
+    progress: bool = True  # progress bars on stderr
     tensorboard: bool = False  # write TensorBoard event files into <run folder>/tensorboard/ (`tensorboard --logdir`)
     max_batch_rows: int | None = 4096  # larger batches are refused at the gate (dead letters)
     max_restarts: int = 2  # Ray restarts of a crashed actor (its state is then restored by the runner)
@@ -70,7 +70,7 @@ class RunConfig:
     """The embedded default is `memcl run` with no config: MARS on Fashion-MNIST (5 tasks x 2 classes),
     EfficientNet-Lite0 features at 64 px, 1200 train / 300 test images per class."""
 
-    seed: int = 0
+    seed: int = 0  # seeds every learner and every sampled stream
     data: SourceSpec = SourceSpec()
     stream: StreamSpec = StreamSpec(tasks=5, train_per_class=1200, test_per_class=300)
     encoder: EncoderPoolConfig = EncoderPoolConfig()

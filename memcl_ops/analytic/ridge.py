@@ -59,8 +59,7 @@ DECAY_UNIT = 2**16  # decay factors are multiples of 2^-16: p·entry stays insid
 
 @dataclass(frozen=True)
 class AnalyticConfig:
-    # M of φ(h) = ReLU(Rᵀh) [R]: RanPAC uses 10^4; each fit costs ~8 Cholesky factorisations of an (M+1)² matrix, and
-    # 2048 keeps that to seconds on 2 CPU cores (4096 measured +0.7 points on Fashion-MNIST). 0: φ(h) = h (`analytic`)
+    # M of φ(h) = ReLU(Rᵀh), below RanPAC's 10^4 since each fit factorises (M+1)² matrices (RESULTS.md); 0: φ(h) = h [R]
     expansion_dim: int = 2048
     bias: bool = True  # append a constant 1 to φ, penalised like every weight [R]
     fraction_bits: int = 16  # s: φ stored in exact multiples of 2^-s [R]

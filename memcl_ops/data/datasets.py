@@ -244,12 +244,12 @@ def load_dataset(name: str, image_size: int | None = None) -> Dataset:
 class SyntheticSpec:
     """Gaussian class clusters generated directly in feature space (no encoder): fast, fully controlled."""
 
-    classes: int = 10
-    dim: int = 32
-    train_per_class: int = 200
-    test_per_class: int = 100
+    classes: int = 10  # Gaussian clusters, one per class
+    dim: int = 32  # feature width
+    train_per_class: int = 200  # training rows generated per class
+    test_per_class: int = 100  # test rows generated per class
     separation: float = 3.0  # std of the class means (noise std is 1)
-    seed: int = 0
+    seed: int = 0  # draws the means and the rows
 
 
 def make_synthetic(spec: SyntheticSpec) -> Dataset:

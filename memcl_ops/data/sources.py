@@ -296,19 +296,19 @@ def _metadata_names(schema: pa.Schema) -> list[str] | None:
 class DriftSpec:
     """A long-horizon non-stationary feature stream (see DriftStream)."""
 
-    visits: int = 1000
+    visits: int = 1000  # task visits in the stream (rounds of a task-aware run)
     tasks: int = 20  # distinct tasks; each owns `classes_per_task` classes
-    classes_per_task: int = 2
-    dim: int = 32
-    train_per_visit: int = 100
-    test_per_task: int = 50
+    classes_per_task: int = 2  # classes each task owns
+    dim: int = 32  # feature width
+    train_per_visit: int = 100  # training rows per visit
+    test_per_task: int = 50  # test rows per task, drawn where its classes are at test time
     separation: float = 4.0  # std of the initial class means (noise std 1)
     drift_step: float = 0.05  # std of each class mean's random-walk step per visit (gradual drift)
     shifts: int = 5  # abrupt shifts: the current task's classes jump to a new region at evenly spaced visits
-    shift_size: float = 12.0
+    shift_size: float = 12.0  # how far an abrupt shift moves the class means (noise std 1)
     recurrence: float = 0.8  # while tasks remain unseen, chance a visit revisits a seen task
-    batch_size: int = 100
-    seed: int = 0
+    batch_size: int = 100  # rows per batch of a visit
+    seed: int = 0  # draws the schedule, the walks and the rows
 
 
 class DriftStream:

@@ -23,17 +23,17 @@ import numpy as np
 
 @dataclass(frozen=True)
 class StreamSpec:
-    tasks: int = 5
+    tasks: int = 5  # tasks the classes are split into
     first_task_classes: int | None = None  # None: classes split evenly; else the first task's size
-    class_order_seed: int = 1993
-    shuffle_classes: bool = True
+    class_order_seed: int = 1993  # the seeded class order (a common class-incremental convention)
+    shuffle_classes: bool = True  # split the classes in that seeded order, or in label order
     train_per_class: int | None = None  # subsample (seeded) per class; None: all rows
-    test_per_class: int | None = None
+    test_per_class: int | None = None  # the same for the test rows
     sample_seed: int = 0  # subsampling and within-task shuffling
-    task_free: bool = False
+    task_free: bool = False  # learners get no boundaries: rounds of `method.consolidate_every` batches
     visits: tuple[int, ...] | None = None  # task order with repeats; None: 0..tasks-1 once
-    drift: float = 0.0
-    batch_size: int = 256
+    drift: float = 0.0  # share of each visit blended into the next task (gradual boundaries)
+    batch_size: int = 256  # rows per batch the stream emits
     # explicit global class ids of each task (tasks may share classes, e.g. binary topic pairs); overrides the
     # seeded split above and must list `tasks` tasks
     task_classes: tuple[tuple[int, ...], ...] | None = None

@@ -27,80 +27,51 @@ from memcl_ops.training import OptimConfig, optimize
 
 @dataclass(frozen=True)
 class Stage1Config:
-    # At most 20 epochs [S]; Adam 1e-3, batch 128 [R]. One epoch [R]: SupCon on a visit's frozen features is flat
-    # after it (19 more lower it by under 1 %), and A_last with one epoch is within a seed std of the early stop's
-    # 2-5 epochs, or above it, on every bench suite (benchmarks/RESULTS.md, "A fast MARS learner"); fused Adam [R].
-    # `patience` / `tolerance` stop a longer schedule early. The paper's schedule: epochs=20, fused=False.
+    # one fused-Adam epoch [R]: SupCon on frozen features is flat after it (RESULTS.md, "A fast MARS learner");
+    # the MARS paper's schedule is epochs=20, fused=False [S]
     optim: OptimConfig = OptimConfig(epochs=1, fused=True)
-    lambda_smooth: float = 0.3  # [S]
+    lambda_smooth: float = 0.3  # weight of the smoothness term pulling h̃ towards its target [S]
     temperature: float = 0.07  # SupCon τ [R]
-    # What h̃ is pulled towards: the MARS paper writes raw h_T; LN(h_T) when the scales differ [R].
+    # what h̃ is pulled towards: LN(h_T), since raw h_T (the MARS paper) differs in scale from h̃ [R]
     smooth_target: Literal["ln", "raw"] = "ln"
-    # Train W_q too (as MARS's paper has it) or only K, γ, β [R]. Without W_q stage 1 has no D x D gradient (half of its
-    # time at D = 1280) and W_q stays an isometry, so routing takes the keys into feature space instead of every
-    # sample into query space (memcl_ops/mars/router.py); A_last on the bench suites is within one seed std either
-    # way (benchmarks/RESULTS.md).
+    # train only K, γ, β, not W_q (the MARS paper trains it): W_q stays an isometry and stage 1 skips its D x D
+    # gradient, at equal A_last (RESULTS.md) [R]
     train_query: bool = False
 
 
 @dataclass(frozen=True)
 class Stage2Config:
-    optim: OptimConfig = OptimConfig(epochs=10)  # [R]
-    # [R]. 0.3, the weight of the other old-class terms, not 1 (LwF's own weight, which `lwf` and `mars-paper` fix):
-    # with the anchors and the Gaussian replay keeping the old classes, KD on the new task's inputs mainly slows the
-    # new task; A_last within a seed std or above on all four suites and two held-out streams, digits-mnist-fmnist
-    # +0.29 (benchmarks/RESULTS.md, "Each class's own covariance").
+    optim: OptimConfig = OptimConfig(epochs=10)  # the head's epochs per round [R]
+    # LwF's weight: 0.3, as the other old-class terms, since the anchors and the Gaussian replay already keep the
+    # old classes (RESULTS.md, "Each class's own covariance"); `lwf` and `mars-paper` fix 1 [R]
     lambda_lwf: float = 0.3
-    lambda_anchor: float = 1.0  # [R]
-    temperature: float = 3.0  # T [S]
-    # LwF teacher input: h̃ under the previous memory (as written) or under the current one [R].
+    lambda_anchor: float = 1.0  # weight of the anchor KD that keeps the old head's answers at the anchors [R]
+    temperature: float = 3.0  # KD temperature T [S]
+    # LwF teacher input: h̃ under the previous memory (as written) or under the current one [R]
     lwf_teacher_memory: Literal["previous", "current"] = "previous"
-    # CE over all seen classes, or only over the classes present in the block (PyCIL's LwF convention) [R].
+    # CE over all seen classes, or only over the classes present in the block (PyCIL's LwF convention) [R]
     ce_scope: Literal["all", "current"] = "all"
-    # Anchor KD over the old-class logits only, or over the full softmax with the teacher padded by zeros for
-    # new classes (keeps anchor *predictions* consistent, what Thm. 2's bound assumes) [R].
+    # anchor KD over the full softmax (the teacher padded by zeros), which Thm. 2's bound assumes, or old logits [R]
     anchor_scope: Literal["old", "all"] = "all"
-    # Where the anchor KD is computed: one point per slot (the router's EMA mean of LN(h) through slot i's affine,
-    # as written), or one per (slot, class): the routing-weighted mean of LN(h) over the class's samples through slot
-    # i's affine (`ClassAnchors`), so a slot shared by several classes keeps one point for each [R].
-    # (slot-class: MARS's A_last 80.43 against mars-paper's 77.02 on fmnist-5x2, 3 seeds, benchmarks/RESULTS.md)
+    # one anchor point per (slot, class), so a slot shared by classes keeps a point for each (`ClassAnchors`), or
+    # one per slot as written (RESULTS.md, "MARS with class anchors") [R]
     anchor_points: Literal["slot", "slot-class"] = "slot-class"
-    # CE on the (slot, class) anchor points with their class as the label, so the old classes keep a positive term
-    # against the new classes' CE, not only the teacher's soft targets: replay of class prototypes instead of samples
-    # (as PASS replays prototypes) [R]. A slot anchor has no class of its own (it sits between the classes its slot
-    # holds) and takes no CE. 0: MARS's paper's loss. 0.3: MARS's A_last on synthetic-drift 29.74 -> 63.79 (1 / 3:
-    # 64.40 / 63.23), the other suites within a seed std; 1 costs the task just seen its accuracy on a short stream
-    # of few epochs (tests/integration/test_methods_pipeline.py), 0.3 does not (benchmarks/RESULTS.md, "CE at the
-    # class anchors").
+    # CE at the class anchors with their class as label: old classes keep a positive term against the new classes'
+    # CE, a replay of prototypes (as PASS does); 0 is the MARS paper's loss (RESULTS.md, "CE at the class anchors") [R]
     lambda_anchor_ce: float = 0.3
-    # How the anchor CE and KD weigh their points: each point alike ("point"), or each old class alike, its weight
-    # split over its anchors by their routing mass ("class"), so a class that lives in one slot counts as much as
-    # one spread over thirty [R]. (Slot anchors have no class: their KD stays uniform.)
+    # each old class weighs alike at the anchors (its weight split by routing mass), or each point alike [R]
     anchor_weighting: Literal["point", "class"] = "class"
-    # Where a new class's column starts: at zero (MARS's paper), or at its prototype, the unit mean h̃ of its samples in
-    # the block, scaled to `init_scale` x the mean norm of the columns trained before (x 1 on the first block), with
-    # their mean bias (weight imprinting, Qi et al. 2018) [R]. A column started at zero moves at most lr per Adam step
-    # per coordinate: a 400-sample visit of 32-d features gets 40 steps and ends far short of the old columns, so the
-    # new task scored 67 % right after its visit (synthetic-drift). It is the shared loop's, so every head gets it
-    # (benchmarks/RESULTS.md, "New classes start at their prototypes").
+    # a new class's column starts at its prototype (weight imprinting, Qi et al. 2018), since a zero start (the MARS
+    # paper) moves too little in a short visit (RESULTS.md, "New classes start at their prototypes") [R]
     new_class_init: Literal["zero", "prototype"] = "prototype"
-    init_scale: float = 0.5
-    # CE on features drawn for every class of earlier blocks from a Gaussian at its mean with its own covariance
-    # (top `gaussian_rank` directions and the rest of its trace spread evenly; `ClassGaussians`) of the frozen
-    # features, routed through the memory as real rows are: the anchors keep each class's means, these its spread,
-    # which the boundaries between old and new classes need [R]. Per class `gaussian_per_class` draws a fit; the
-    # covariance is shrunk towards its mean variance by `gaussian_shrink` (a class of 135 rows does not determine
-    # 1,280 dimensions). 0: off (the MARS paper). 0.3, the anchor CE's weight (measured with the pooled covariance of
-    # before): A_last +0.1 to +1.2 on the four bench suites against 0, and the task just learned keeps more than at 1
-    # (synthetic-drift's diagonal 79 % against 74 %; benchmarks/RESULTS.md, "New classes start at their prototypes").
-    # 256 draws per class, not 64: the replay's own randomness moved fmnist-5x2's A_last by about half a point between
-    # draws (benchmarks/RESULTS.md, "More Gaussian draws"). Each class's own covariance, not one pooled over classes:
-    # A_last +0.9 / +1.0 on fmnist-5x2 and digits-mnist-fmnist, −0.25 on bbc-text, the drift streams within a seed
-    # std; ranks 16 to 128 within 0.3 points of each other (benchmarks/RESULTS.md, "Each class's own covariance").
+    init_scale: float = 0.5  # a prototype column's norm, in units of the mean norm of the columns trained before [R]
+    # CE on rows drawn per earlier class from a Gaussian of its frozen features (`ClassGaussians`), routed like real
+    # rows: the anchors keep each class's mean, these its spread (RESULTS.md, "Each class's own covariance"); 0: off,
+    # as in the MARS paper [R]
     lambda_gaussian: float = 0.3
-    gaussian_per_class: int = 256
-    gaussian_shrink: float = 0.1
-    gaussian_rank: int = 32
+    gaussian_per_class: int = 256  # draws per earlier class and fit: fewer leave the replay's own noise in A_last [R]
+    gaussian_shrink: float = 0.1  # shrinkage of a class covariance towards its mean variance (few rows, many dims) [R]
+    gaussian_rank: int = 32  # a class covariance's kept directions; the rest of its trace is spread evenly [R]
 
     def __post_init__(self) -> None:
         if self.init_scale <= 0:

@@ -38,7 +38,7 @@ class EncoderUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class EncoderSpec:
-    name: str = "efficientnet-lite0"
+    name: str = "efficientnet-lite0"  # `memcl list encoders`; hf:<folder> for a local transformers model
     image_size: int = 64  # input resolution for image encoders
     micro_batch: int = 64  # rows per forward pass (large conv batches are slower on a 2-core CPU)
     max_length: int = 128  # tokens per text
