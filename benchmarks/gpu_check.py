@@ -330,9 +330,9 @@ def nsr_row(sizes: Sizes, device: str) -> Row:
     batch = image_batch(sizes.nsr_batch * sizes.nsr_steps, sizes.raw_px)
 
     def run() -> float:
-        before = learner.learner.steps
+        before = learner.trainer.learner.steps
         learner.observe(batch)
-        return learner.learner.steps - before
+        return learner.trainer.learner.steps - before
 
     per_s, seconds = measure(run, device, sizes.warmup, sizes.repeats)
     return Row(f"NSR LoRA {sizes.clip.split('/')[-1]}", "train steps", device, sizes.nsr_batch, per_s, "steps/s",
