@@ -53,10 +53,11 @@ import ray
 import torch
 
 from memcl_ops.arrow import schema as S
+from memcl_ops.head_training import Stage2Config
 from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
-from memcl_ops.mars.dcda import Stage1Config, Stage2Config
-from memcl_ops.methods import MethodConfig
+from memcl_ops.mars.dcda import Stage1Config
+from memcl_ops.method_config import MethodConfig
 from memcl_ops.miita.answers import adaptation as miita_adaptation
 from memcl_ops.miita.answers import build_memory
 from memcl_ops.miita.directions import AdaptConfig, MemoryConfig, extract_directions

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from memcl_ops.learners import build_learner
-from memcl_ops.methods import METHODS, LMMethodConfig, MethodConfig, method_spec
+from memcl_ops.method_config import LMMethodConfig, MethodConfig
+from memcl_ops.methods import METHODS, method_spec
 from memcl_ops.roles.stream_source import StreamSource
 from memcl_ops.rounds import InProcessRun, Schedule, plan_rounds, stream_in_process
 from pipeline import lm, preflight, runner

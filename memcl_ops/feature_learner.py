@@ -16,9 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 from memcl_ops.learner import Round
-from memcl_ops.methods import MethodConfig, MethodSpec
+from memcl_ops.method_config import MethodConfig
 from memcl_ops.roles.executor import InProcess
 from memcl_ops.roles.features import FeatureFlow, role_plan
+from memcl_ops.spec import MethodSpec
 from memcl_ops.tensors import array_bytes, prefixed, state_part
 
 

@@ -3,7 +3,8 @@
 `StreamLearner` is what a stream asks of a method, in-process (no Ray): every registered method implements it
 (`build_learner`) from the same memcl_ops parts the actors host, and `memcl_ops/conformance.py` checks it; the actor
 pipelines that `memcl run` / `memcl lm` drive are checked end to end by tests/integration. `HeadLearner` is the
-classifier role inside the "features" family (DCDA stage 2, the baselines' heads, the analytic heads)."""
+classifier role inside the "features" family (DCDA stage 2, the baselines' heads, the analytic heads), over an
+optional `FeatureMemory` between the frozen encoder and the head (MARS's slot memory is the one registered)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 import torch
-
-from memcl_ops.mars.router import SlotRouter
 
 
 @dataclass(frozen=True)
@@ -48,15 +47,39 @@ class StreamLearner(Protocol):
     def memory_bytes(self) -> dict[str, int]: ...
 
 
+class MemoryOutput(Protocol):
+    """What a feature memory gives for a batch: h̃, and LN(h) (which a second memory over the same batch reuses)."""
+
+    h_tilde: torch.Tensor
+    ln_h: torch.Tensor
+
+
+class FeatureMemory(Protocol):
+    """A trained map h -> h̃ between the frozen encoder and the head, with plain-array state."""
+
+    feature_dim: int
+
+    def __call__(self, h: torch.Tensor, ln_h: torch.Tensor | None = None) -> MemoryOutput: ...
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
+    def at_state(self, state: dict[str, np.ndarray]) -> FeatureMemory: ...  # the same memory, as it stood then
+
+    def anchors(self) -> tuple[torch.Tensor, torch.Tensor]: ...  # (points in h̃ space, their slot ids)
+
+    def drift_pairs(self, previous: dict[str, np.ndarray], features: torch.Tensor
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...  # (h̃ then, h̃ now) pairs since `previous`
+
+
 class HeadLearner(Protocol):
     """The classifier role of a "features" method; features arrive raw and are passed through `memory` (may be
     None)."""
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]: ...
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]: ...
 
-    def end_task(self, memory: SlotRouter | None) -> None: ...
+    def end_task(self, memory: FeatureMemory | None) -> None: ...
 
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray: ...
+    def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray: ...
 
     def state(self) -> dict[str, np.ndarray]: ...
 

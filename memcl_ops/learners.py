@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from memcl_ops.feature_learner import FeatureLearner
 from memcl_ops.learner import StreamLearner
-from memcl_ops.methods import LMMethodConfig, MethodConfig, method_spec
+from memcl_ops.method_config import LMMethodConfig, MethodConfig
+from memcl_ops.methods import method_spec
 from memcl_ops.nsr.learner import NSRLearner
 from memcl_ops.roles.lm import LMLearner
 

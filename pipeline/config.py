@@ -20,7 +20,7 @@ import yaml
 
 from memcl_ops.data.sources import SourceSpec
 from memcl_ops.data.streams import StreamSpec
-from memcl_ops.methods import MethodConfig
+from memcl_ops.method_config import MethodConfig
 from memcl_ops.models.encoders import EncoderSpec
 
 

@@ -30,9 +30,9 @@ from actors.stage2_trainer import Stage2Trainer
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
-from memcl_ops.methods import MethodSpec
 from memcl_ops.roles.features import FeatureFlow, role_plan
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds, seen_after
+from memcl_ops.spec import MethodSpec
 from pipeline import checkpoint, preflight
 from pipeline.actor_cache import ActorCache
 from pipeline.compiled_chain import ChainActors, CompiledChain

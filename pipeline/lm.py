@@ -41,7 +41,8 @@ from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream, task_batches
 from memcl_ops.data.sources import StreamInfo
-from memcl_ops.methods import LMMethodConfig, family_methods, lm_method
+from memcl_ops.method_config import LMMethodConfig
+from memcl_ops.methods import family_methods, lm_method
 from memcl_ops.models.causal_lm import LMSpec, check_lm_name
 from memcl_ops.roles.lm import LMFlow
 from memcl_ops.rounds import RoundBatches, plan_rounds

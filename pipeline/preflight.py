@@ -8,8 +8,9 @@ from pathlib import Path
 
 from memcl_ops.data.datasets import DatasetUnavailable
 from memcl_ops.data.sources import check_source
-from memcl_ops.methods import METHODS, MethodSpec
+from memcl_ops.methods import METHODS
 from memcl_ops.models.encoders import ENCODER_NAMES, is_encoder_name
+from memcl_ops.spec import MethodSpec
 from pipeline.config import ConfigError, RunConfig
 
 

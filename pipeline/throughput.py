@@ -38,7 +38,7 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.gate import gate
 from memcl_ops.data.datasets import Dataset, load_fashion_mnist
 from memcl_ops.learners import build_learner
-from memcl_ops.methods import MethodConfig
+from memcl_ops.method_config import MethodConfig
 from memcl_ops.models.encoders import Encoder, EncoderSpec, build_encoder
 from pipeline import runner
 from pipeline.actor_cache import ActorCache

@@ -49,7 +49,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from memcl_ops.mars.router import SlotRouter
+from memcl_ops.learner import FeatureMemory
 from memcl_ops.tensors import layer_norm
 
 EXACT = 2.0**53  # float64 integers below this are exact, and so is every sum that stays below it
@@ -579,7 +579,7 @@ class AnalyticLearner:
         self.seen = 0  # samples summed so far
         self.reservoir = Reservoir(config.selection_samples, config.half_life)  # "reservoir" selection only
 
-    def _train_inputs(self, features: torch.Tensor, memory: SlotRouter | None) -> torch.Tensor:
+    def _train_inputs(self, features: torch.Tensor, memory: FeatureMemory | None) -> torch.Tensor:
         if memory is None:
             return features
         if self.config.drift == "frozen":
@@ -587,7 +587,7 @@ class AnalyticLearner:
         return memory(features).h_tilde
 
     @torch.no_grad()
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
         if memory is not None and self.config.drift == "reproject":
             if self.previous_memory and self.head.stats.count:
                 self._reproject(features, memory)
@@ -612,7 +612,7 @@ class AnalyticLearner:
 
     @torch.no_grad()
     def fit_merged(self, statistics: dict[str, np.ndarray], features: torch.Tensor, labels: torch.Tensor,
-                   memory: SlotRouter | None) -> dict[str, float]:
+                   memory: FeatureMemory | None) -> dict[str, float]:
         """`fit` when the encoder replicas summed the statistics (this block included) and the MemoryManager merged
         them: take the total, choose λ on the block (or the reservoir) and re-solve. The total stays with the
         MemoryManager, which owns it; this learner keeps W and the reservoir."""
@@ -624,17 +624,12 @@ class AnalyticLearner:
         self.head.take_statistics()
         return out
 
-    def _reproject(self, features: torch.Tensor, memory: SlotRouter) -> None:
+    def _reproject(self, features: torch.Tensor, memory: FeatureMemory) -> None:
         """Carry the statistics from h̃ under the previous memory to h̃ under `memory` by a linear map T in φ
-        space, fitted on pairs (φ(h̃_old), φ(h̃_new)) of the current block's samples and of the slots' anchors
-        (slot i's mean LN(h) through the old and the new affine of slot i), each set with half the weight
+        space, fitted on the memory's pairs (φ(h̃_old), φ(h̃_new)) (`FeatureMemory.drift_pairs`: the current
+        block's samples and, for MARS, the slots' anchors), each set with half the weight
         (the anchors stand for the old tasks): T = I + (XᵀΩX + ηI)⁻¹XᵀΩ(X' - X)."""
-        previous = SlotRouter.from_state(memory.feature_dim, memory.config, self.previous_memory)
-        old_anchors, live = previous.anchors()
-        live = live[live < memory.num_slots]
-        mean = previous.anchor_sum[live] / previous.anchor_mass[live].clamp_min(previous.config.anchor_floor)[:, None]
-        pairs = [(previous(features).h_tilde, memory(features).h_tilde),
-                 (old_anchors[:len(live)], memory.gamma[live] * mean + memory.beta[live])]
+        pairs = memory.drift_pairs(self.previous_memory, features)
         fmap, eta = self.head.feature_map, self.config.reproject_ridge
         lhs = eta * torch.eye(fmap.dim, dtype=torch.float64)
         rhs = torch.zeros(fmap.dim, fmap.dim, dtype=torch.float64)
@@ -652,11 +647,11 @@ class AnalyticLearner:
         stats.gram = np.rint(((gram + gram.T) / 2).numpy()).astype(np.int64)
         stats.targets = np.rint((t.T @ torch.from_numpy(stats.targets.astype(np.float64))).numpy()).astype(np.int64)
 
-    def end_task(self, memory: SlotRouter | None) -> None:
+    def end_task(self, memory: FeatureMemory | None) -> None:
         """Nothing: every fit already re-solved the head."""
 
     @torch.no_grad()
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
+    def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
         return self.head.predict(features if memory is None else memory(features).h_tilde)
 
     def state(self) -> dict[str, np.ndarray]:

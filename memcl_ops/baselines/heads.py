@@ -2,15 +2,16 @@
 
 | method | learner | what it keeps between tasks (its persistent memory) |
 |---|---|---|
-| finetune, lwf | `DistillHead` (methods.py) with its distillation weights fixed | lwf: the previous head |
+| finetune, lwf | `DistillHead` (mars/head.py) with its distillation weights fixed | lwf: the previous head |
 | ewc | `EWCHead`: online EWC (Schwarz et al. 2018) on the linear head | diagonal Fisher and anchor parameters |
 | derpp | `DERppHead`: DER++ (Buzzega et al. 2020) | a reservoir buffer of features, logits, labels |
 | simplecil | `NearestMeanHead`: SimpleCIL (Zhou et al. 2023), cosine nearest class mean | class feature sums, counts |
 | joint | `JointHead`: the non-continual upper bound | every feature and label seen so far |
 
-The trained ones use the classifier, loop and CE objective of DCDA stage 2 (`train_stage2`), adding their own
-term through its `extra_loss` hook, so the comparison differs only in what each method does against forgetting.
-All follow `methods.HeadLearner`: state is a dict of numpy arrays, and `memory_bytes` counts every array of
+The trained ones use the classifier, loop and CE objective of DCDA stage 2 (`train_stage2`, head_training.py),
+adding their own term through its `extra_loss` hook, so the comparison differs only in what each method does
+against forgetting.
+All follow `learner.HeadLearner`: state is a dict of numpy arrays, and `memory_bytes` counts every array of
 it except scalar bookkeeping.
 """
 
@@ -23,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.mars.dcda import Stage2Config, apply_memory, train_stage2
-from memcl_ops.mars.router import SlotRouter
+from memcl_ops.head_training import Stage2Config, apply_memory, train_stage2
+from memcl_ops.learner import FeatureMemory
 from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.tensors import normalize, prefixed, state_part, take_rows
 
@@ -43,7 +44,7 @@ class _TrainedLinearHead:
         self.head = GrowingLinearHead(feature_dim)
         self.fits = 0
 
-    def _train(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None,
+    def _train(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None,
                extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
                new_classes: list[int] = ()) -> dict[str, float]:
         history = train_stage2(self.head, memory, features, labels, None, self.stage2,
@@ -51,11 +52,11 @@ class _TrainedLinearHead:
         self.fits += 1
         return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
 
-    def end_task(self, memory: SlotRouter | None) -> None:
+    def end_task(self, memory: FeatureMemory | None) -> None:
         """Nothing by default: learners that consolidate at a boundary override it."""
 
     @torch.no_grad()
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
+    def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
         return self.head.predict(apply_memory(memory, features))
 
 
@@ -107,7 +108,7 @@ class EWCHead(_TrainedLinearHead):
             total = total + (fisher * (param - anchor).pow(2)).sum()
         return 0.5 * self.config.lam * total
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
         new_classes = self.head.grow(labels)
         losses = self._train(features, labels, memory, self._penalty if self.fisher else None, new_classes)
         fisher_w, fisher_b = linear_head_fisher(self.head, apply_memory(memory, features).detach(), labels)
@@ -118,7 +119,7 @@ class EWCHead(_TrainedLinearHead):
         self.pending_count += n
         return losses
 
-    def end_task(self, memory: SlotRouter | None) -> None:
+    def end_task(self, memory: FeatureMemory | None) -> None:
         if not self.pending_count:
             return
         rows = self.head.num_classes
@@ -239,7 +240,7 @@ class DERppHead(_TrainedLinearHead):
         self.config = config
         self.buffer = ReservoirBuffer(config.buffer_size, seed)
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
         new_classes = self.head.grow(labels)
         extra = None
         if len(self.buffer):
@@ -290,7 +291,7 @@ class NearestMeanHead:
         self.sums = np.zeros((0, feature_dim), np.float64)
         self.counts = np.zeros(0, np.int64)
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
         with torch.no_grad():
             h = apply_memory(memory, features).double().numpy()
         y = labels.numpy()
@@ -306,11 +307,11 @@ class NearestMeanHead:
             self.counts[found[0]] += int(rows.sum())
         return {}
 
-    def end_task(self, memory: SlotRouter | None) -> None:
+    def end_task(self, memory: FeatureMemory | None) -> None:
         """Nothing: the class means are always up to date."""
 
     @torch.no_grad()
-    def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
+    def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
         h = apply_memory(memory, features)
         if not len(self.classes):
             return np.full(h.shape[0], -1, dtype=np.int64)
@@ -338,7 +339,7 @@ class JointHead(_TrainedLinearHead):
         self.features = np.zeros((0, feature_dim), np.float32)
         self.labels = np.zeros(0, np.int64)
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: SlotRouter | None) -> dict[str, float]:
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
         self.features = np.concatenate([self.features, features.numpy()])
         self.labels = np.concatenate([self.labels, labels.numpy()])
         x, y = torch.from_numpy(self.features), torch.from_numpy(self.labels)

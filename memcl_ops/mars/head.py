@@ -7,7 +7,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from memcl_ops.mars.dcda import ClassAnchors, ClassGaussians, Stage2Config, Teacher, apply_memory, train_stage2
+from memcl_ops.head_training import Stage2Config, Teacher, apply_memory, train_stage2
+from memcl_ops.mars.dcda import ClassAnchors, ClassGaussians
 from memcl_ops.mars.router import SlotRouter
 from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.tensors import array_bytes, take_rows

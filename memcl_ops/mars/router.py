@@ -170,6 +170,23 @@ class SlotRouter(nn.Module):
         mean = self.anchor_sum[live] / self.anchor_mass[live].clamp_min(cfg.anchor_floor).unsqueeze(1)
         return self.gamma[live] * mean + self.beta[live], live
 
+    def at_state(self, state: dict[str, np.ndarray]) -> SlotRouter:
+        """A router of this one's width and config, restored to `state` (the memory as it stood then)."""
+        return SlotRouter.from_state(self.feature_dim, self.config, state)
+
+    @torch.no_grad()
+    def drift_pairs(self, previous: dict[str, np.ndarray], features: torch.Tensor
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """How h̃ moved since the memory stood at `previous`: (h̃ then, h̃ now) of `features`, and of the slots'
+        anchors (slot i's mean LN(h) then, through the old and the current affine of slot i)."""
+        before = self.at_state(previous)
+        old_anchors, live = before.anchors()
+        live = live[live < self.num_slots]
+        cfg = before.config
+        mean = before.anchor_sum[live] / before.anchor_mass[live].clamp_min(cfg.anchor_floor)[:, None]
+        return [(before(features).h_tilde, self(features).h_tilde),
+                (old_anchors[:len(live)], self.gamma[live] * mean + self.beta[live])]
+
     def state(self) -> dict[str, np.ndarray]:
         """Plain numpy state (what travels between actors and into checkpoints)."""
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
@@ -203,3 +220,10 @@ class SlotRouter(nn.Module):
         """Bytes of the arrays kept (the 0-d isometry flag is a setting, as memcl_ops/tensors.py's `array_bytes`
         counts states)."""
         return sum(t.numel() * t.element_size() for t in self.state_dict().values() if t.dim())
+
+
+def frozen_router(feature_dim: int, config: RouterConfig, state: dict[str, np.ndarray]) -> SlotRouter:
+    """The router restored to `state` with its parameters frozen: the memory a head is trained and read through."""
+    router = SlotRouter.from_state(feature_dim, config, state)
+    router.requires_grad_(False)
+    return router

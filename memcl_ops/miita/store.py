@@ -3,16 +3,47 @@ memory, text replay's demonstrations, or both in one byte budget (`miita-replay`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 import pyarrow as pa
 import torch
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, add_examples
-from memcl_ops.methods import HybridConfig
 from memcl_ops.miita.answers import build_memory
 from memcl_ops.miita.directions import MemoryConfig
 from memcl_ops.tensors import prefixed, state_part
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """`miita-replay`: one byte budget, split between MIITA's prototypes and replayed demonstrations [R]."""
+
+    # "prototypes-first": the prototypes may take the whole budget (repair keeps them inside it) and the
+    # demonstrations hold what they leave, re-limited after every write, so at a tight budget miita-replay is miita
+    # and demonstrations come in as the budget loosens; "share": a fixed `direction_share` of the budget each.
+    split: Literal["prototypes-first", "share"] = "prototypes-first"
+    direction_share: float = 0.5  # "share": of the budget for the prototypes; the rest holds demonstrations
+    # an example is also kept as a demonstration only when the frozen model's mean answer NLL exceeds this (what it
+    # cannot do; 0: every example); every example is written as a prototype (~90 bytes)
+    demonstrate_above_nll: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.direction_share < 1.0:
+            raise ValueError(f"direction_share must be in (0, 1), got {self.direction_share}")
+
+    def budgets(self, total: int) -> tuple[int, int]:
+        """(prototype bytes, the most demonstration bytes) of a total budget."""
+        if self.split == "prototypes-first":
+            return total, total
+        prototypes = int(total * self.direction_share)
+        return prototypes, total - prototypes
+
+    def demonstration_room(self, total: int, prototype_bytes: int) -> int:
+        """What the demonstrations may hold beside `prototype_bytes` of prototypes (after each write)."""
+        return total - prototype_bytes if self.split == "prototypes-first" else self.budgets(total)[1]
 
 
 class TextMemoryStore:

@@ -17,13 +17,14 @@ import pyarrow.compute as pc
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.learner import Round
-from memcl_ops.methods import MethodConfig, MethodSpec
+from memcl_ops.method_config import MethodConfig
 from memcl_ops.models.encoders import EncoderSpec
 from memcl_ops.nsr.adapter import probe_full
 from memcl_ops.roles.adapter_trainer import AdapterTrainer
 from memcl_ops.roles.executor import InProcess
 from memcl_ops.roles.memory_manager import MemoryManager
 from memcl_ops.roles.nsr import NSRFlow, nsr_stores
+from memcl_ops.spec import MethodSpec
 from memcl_ops.tensors import parameter_bytes, prefixed, state_part
 
 

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from memcl_ops.analytic.ridge import StatisticsStore
+from memcl_ops.mars.router import frozen_router
 from memcl_ops.mars.slots import SlotStore
-from memcl_ops.methods import MethodConfig, MethodSpec
+from memcl_ops.method_config import MethodConfig
 from memcl_ops.roles.executor import Executor, store_call
 from memcl_ops.roles.memory_manager import MemoryManager, StoreSpec
 from memcl_ops.roles.novelty_monitor import NoveltyMonitor
 from memcl_ops.roles.stage1_trainer import Stage1Trainer
 from memcl_ops.roles.stage2_trainer import Stage2Trainer
+from memcl_ops.spec import MethodSpec
 
 RolePlan = dict[str, tuple[type, tuple[Any, ...]]]  # role -> (its class, the constructor's arguments)
 
@@ -49,7 +52,8 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
         plan["monitor"] = (NoveltyMonitor, (method.sgse,))
     if spec.stage1:
         plan["stage1"] = (Stage1Trainer, (feature_dim, method.router, method.stage1, seed, threads, device))
-    plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads))
+    memory = partial(frozen_router, feature_dim, method.router) if spec.memory else None
+    plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads, memory))
     return plan
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.learner import Round
-from memcl_ops.methods import LMMethodConfig, MethodSpec
+from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.miita.directions import MemoryConfig
 from memcl_ops.miita.store import TextMemoryStore
 from memcl_ops.models.causal_lm import LMSpec
@@ -31,6 +31,7 @@ from memcl_ops.roles.executor import Executor, InProcess, store_call
 from memcl_ops.roles.lm_encoder import LMEncoder
 from memcl_ops.roles.lm_trainer import LMTrainer
 from memcl_ops.roles.memory_manager import MemoryManager, StoreSpec
+from memcl_ops.spec import MethodSpec
 from memcl_ops.tensors import array_bytes, prefixed, state_part
 
 

@@ -1,5 +1,6 @@
 """Stage2Trainer role: the method's head learner (DCDA stage 2 for MARS; the baselines' heads), its teacher
-snapshot, and evaluation through the frozen memory it was trained with."""
+snapshot, and evaluation through the frozen memory it was trained with (a `FeatureMemory` rebuilt from the state the
+memory manager hands over, by the builder the family's flow gives)."""
 
 from __future__ import annotations
 
@@ -12,29 +13,36 @@ import torch
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.clock import StageClock
-from memcl_ops.mars.router import SlotRouter
-from memcl_ops.methods import MethodConfig, build_head, method_spec
+from memcl_ops.learner import FeatureMemory
+from memcl_ops.method_config import MethodConfig
+from memcl_ops.methods import build_head, method_spec
 from memcl_ops.training import ProgressQueue, epoch_reporter, report_epochs
+
+MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's state -> the memory
 
 
 class Stage2Trainer:
-    """`threads`: the hosting process's torch threads (None: leave them)."""
+    """`threads`: the hosting process's torch threads (None: leave them); `memory_from_state`: how the memory the
+    head reads is rebuilt from its state (None: the method has no memory)."""
 
-    def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None):
+    def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
+                 memory_from_state: MemoryBuilder | None = None):
         # torch imports torch._dynamo (~1-2 s here) when the first optimizer is built: pay it while the actor
         # starts, not inside the first run's training time.
         import torch._dynamo  # noqa: F401
 
-        self.reset(method, feature_dim, seed, threads)
+        self.reset(method, feature_dim, seed, threads, memory_from_state)
 
-    def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None) -> None:
+    def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
+              memory_from_state: MemoryBuilder | None = None) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         self.spec = method_spec(method.name)
         self.method = self.spec.resolve(method)
         self.feature_dim = feature_dim
         self.learner = build_head(self.spec, self.method, feature_dim, seed)
-        self.memory: SlotRouter | None = None
+        self.memory_from_state = memory_from_state
+        self.memory: FeatureMemory | None = None
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
         self.clock = StageClock()
 
@@ -42,8 +50,7 @@ class Stage2Trainer:
         if memory_state is None:
             self.memory = None
             return
-        self.memory = SlotRouter.from_state(self.feature_dim, self.method.router, memory_state)
-        self.memory.requires_grad_(False)
+        self.memory = self.memory_from_state(memory_state)
 
     def train(self, memory_state: dict[str, np.ndarray] | None, *batches: pa.RecordBatch,
               progress: ProgressQueue | None = None) -> dict[str, float]:

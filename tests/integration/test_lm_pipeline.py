@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from memcl_ops.data.lm_tasks import LMStreamSpec
-from memcl_ops.methods import LMMethodConfig
+from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.miita.directions import AdaptConfig
 from memcl_ops.models.causal_lm import LMSpec
 from pipeline.config import dump_config

@@ -18,7 +18,7 @@ from memcl_ops.baselines.heads import (
     ReservoirBuffer,
     linear_head_fisher,
 )
-from memcl_ops.mars.dcda import Stage2Config
+from memcl_ops.head_training import Stage2Config
 from memcl_ops.mars.head import DistillHead
 from memcl_ops.models.head import GrowingLinearHead
 from memcl_ops.training import OptimConfig

@@ -2,18 +2,9 @@ import numpy as np
 import pytest
 import torch
 
+from memcl_ops.head_training import Stage2Config, Teacher, anchor_point_weights, start_at_prototypes, train_stage2
 from memcl_ops.losses import smoothness_loss, supcon_loss
-from memcl_ops.mars.dcda import (
-    ClassAnchors,
-    ClassGaussians,
-    Stage1Config,
-    Stage2Config,
-    Teacher,
-    anchor_point_weights,
-    start_at_prototypes,
-    train_stage1,
-    train_stage2,
-)
+from memcl_ops.mars.dcda import ClassAnchors, ClassGaussians, Stage1Config, train_stage1
 from memcl_ops.mars.head import DistillHead
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.models.head import GrowingLinearHead

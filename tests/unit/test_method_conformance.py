@@ -21,7 +21,8 @@ from memcl_ops.feature_learner import FeatureLearner
 from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
 from memcl_ops.mars.router import RouterConfig
-from memcl_ops.methods import METHODS, LMMethodConfig, MethodConfig, method_spec
+from memcl_ops.method_config import LMMethodConfig, MethodConfig
+from memcl_ops.methods import METHODS, method_spec
 from memcl_ops.miita.directions import AdaptConfig
 from memcl_ops.models.causal_lm import LMSpec
 from memcl_ops.models.encoders import EncoderSpec

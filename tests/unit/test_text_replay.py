@@ -8,7 +8,8 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, text_bytes
 from memcl_ops.data.lm_tasks import LMStreamSpec, build_stream
 from memcl_ops.learners import build_learner
-from memcl_ops.methods import HybridConfig, LMMethodConfig
+from memcl_ops.method_config import LMMethodConfig
+from memcl_ops.miita.store import HybridConfig
 from memcl_ops.models.causal_lm import LMSpec
 
 

@@ -1,0 +1,77 @@
+"""What a registered method is (`MethodSpec`): its family, its roles, the settings that define it and the capability
+tags it declares. Each family declares its methods in its own package (mars/methods.py, baselines/methods.py, ...);
+memcl_ops/methods.py is the registry that finds every one by its name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memcl_ops.learner import HeadLearner
+    from memcl_ops.method_config import LMMethodConfig, MethodConfig
+
+# Capability tags a method declares (Mammoth's COMPATIBILITY, river's tags); the conformance check
+# (memcl_ops/conformance.py) selects its checks by them; preflight refuses what a method cannot do.
+TAGS = {
+    "task-free": "learns without task boundaries (rounds of K batches)",
+    "mergeable": "its learning is a sum of statistics: encoder replicas sum their batches' share, merged exactly",
+    "trains-backbone": "trains weights inside the frozen model (LoRA), on raw batches",
+    "generative": "answers text prompts with a causal LM (memcl lm) instead of predicting class labels",
+    "byte-budget": "its memory is capped by a byte budget set per run (memcl lm --budgets)",
+    "learns-nothing": "keeps no state (the frozen base): restore and byte checks are vacuous",
+    "direction-memory": "keeps MIITA's prototype memory (memcl_ops/miita/): written from teacher-forced extractions",
+    "demonstrations": "answers after stored examples retrieved by key and shown in the prompt (text replay)",
+}
+FAMILIES = ("features", "nsr", "lm")  # what runs where: a pipeline per family (pipeline/features.py, nsr.py, lm.py)
+
+
+HeadFactory = Callable[[int, "MethodConfig", int], "HeadLearner"]  # (feature_dim, config, seed) -> a head
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a method is: its family and roles, the settings that define it, and what it is compatible with."""
+
+    name: str
+    summary: str
+    # "features": a HeadLearner over frozen (cached) features, with MARS's roles switched on below; "nsr": LoRA
+    # trained inside the encoder on raw batches; "lm": a frozen causal LM answering text prompts
+    family: str = "features"
+    head: str | None = None  # key of HEADS (family "features")
+    memory: bool = False  # a feature memory (MARS's slot memory) between encoder and head
+    sgse: bool = False  # SGSE grows the memory
+    stage1: bool = False  # DCDA stage 1 trains the memory
+    fixed: dict[str, dict[str, object]] = field(default_factory=dict)  # section -> settings the method fixes
+    tags: frozenset[str] = frozenset({"task-free"})
+    # what labels the head learns from: the current block only ("current"), or also earlier blocks' labels it
+    # keeps in its own (byte-counted) memory ("seen"); never those of blocks not streamed yet
+    uses_labels_of: str = "current"
+    # what the method is in a comparison: "memcl" (ours), "baseline", "ablation" (of MARS) or "upper-bound"
+    role: str = "memcl"
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES or not self.tags <= TAGS.keys() or (
+                self.family == "features") != bool(self.head):
+            raise ValueError(f"method {self.name!r}: bad family {self.family!r}, head {self.head!r} or tags "
+                             f"{sorted(self.tags)}")
+
+    @property
+    def task_free(self) -> bool:
+        return "task-free" in self.tags
+
+    @property
+    def mergeable(self) -> bool:
+        return "mergeable" in self.tags
+
+    def resolve(self, config: MethodConfig) -> MethodConfig:
+        """`config` with this method's defining settings applied (they win over user values)."""
+        sections = {name: replace(getattr(config, name), **values) for name, values in self.fixed.items()}
+        return replace(config, name=self.name, **sections)
+
+    def resolve_lm(self, config: LMMethodConfig) -> LMMethodConfig:
+        """The same for the "lm" family's config (it has no method name)."""
+        return replace(config, **{name: replace(getattr(config, name), **values)
+                                  for name, values in self.fixed.items()})
+
