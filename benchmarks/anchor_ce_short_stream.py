@@ -16,13 +16,14 @@ import numpy as np
 from pipeline import runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import load_config
+from pipeline.roles import ensure_ray
 from tests.integration.test_methods_pipeline import tiny
 
 WEIGHTS = (0.0, 0.3, 1.0)
 
 
 def main() -> None:
-    runner.ensure_ray(load_config())
+    ensure_ray(load_config())
     actors = ActorCache()
     print("| method | lambda_anchor_ce | diagonal (each task right after its visit) | last row |")
     print("|---|---|---|---|")

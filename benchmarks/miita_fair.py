@@ -36,8 +36,9 @@ from memcl_ops.data import superni
 from memcl_ops.data.lm_tasks import PARTLY_CAPABLE, LMStreamSpec
 from memcl_ops.miita.directions import prototype_bytes
 from memcl_ops.models.causal_lm import LMSpec
-from pipeline import lm
+from pipeline import lm, runner
 from pipeline.actor_cache import ActorCache
+from pipeline.config import RuntimeConfig
 
 METHODS = ("base", "replay", "nearest-answer", "miita", "miita-paper", "miita-replay", "lora")
 BUDGETS = (2048, 4096, 8192, 16384)
@@ -57,11 +58,12 @@ def streams(tiny: bool) -> dict[str, LMStreamSpec]:
 
 
 def base_config(stream: LMStreamSpec, tiny: bool, out: str) -> lm.LMRunConfig:
-    config = lm.LMRunConfig(stream=stream, runtime=lm.LMRuntimeConfig(evaluate="new_and_final", progress=False,
-                                                                        out=out, checkpoint=False))
+    # answer the new task after each task and every task after the last (evaluate_window 1): what A_last and BWT need
+    config = lm.LMRunConfig(stream=stream, runtime=RuntimeConfig(evaluate_window=1, progress=False, out=out,
+                                                                 checkpoint=False))
     if tiny:
-        config = replace(config, model=LMSpec(name="tiny:llama", threads=1),
-                         runtime=replace(config.runtime, threads=1, batch_size=4))
+        config = replace(config, model=LMSpec(name="tiny:llama", threads=1), stream=replace(stream, batch_size=4),
+                         runtime=replace(config.runtime, actor_threads=1))
     return config
 
 
@@ -75,14 +77,14 @@ def with_knobs(config: lm.LMRunConfig, knobs: dict) -> lm.LMRunConfig:
 
 
 def choose_knobs(config: lm.LMRunConfig, actors: ActorCache, candidates: list[dict]) -> tuple[dict, list[dict]]:
-    """The candidate with the best MIITA OP on the dev split (seed 0, 8 KiB); ties keep the earlier one."""
+    """The candidate with the best MIITA A_last on the dev split (seed 0, 8 KiB); ties keep the earlier one."""
     dev = replace(config, seed=0, methods=("miita",), budgets=(8192,),
                   stream=replace(config.stream, seed=0, evaluate_on="dev"))
     tried = []
     for knobs in candidates:
-        run = lm.run(with_knobs(dev, knobs), actors=actors).metrics["runs"]["miita@8KiB"]
-        tried.append({**knobs, "dev_op": run["op"]})
-    best = max(range(len(tried)), key=lambda i: (tried[i]["dev_op"], -i))
+        run = runner.run(with_knobs(dev, knobs), actors=actors).metrics["runs"]["miita@8KiB"]
+        tried.append({**knobs, "dev_a_last": run["summary"]["a_last"]})
+    best = max(range(len(tried)), key=lambda i: (tried[i]["dev_a_last"], -i))
     return candidates[best], tried
 
 
@@ -106,8 +108,8 @@ def summarise(runs: list[dict]) -> dict:
         return [float(np.mean(values)), float(np.std(values))]
     first = runs[0]
     return {"method": first["method"], "budget_bytes": first["budget_bytes"], "seeds": len(runs),
-            "op": stat([r["op"] for r in runs]), "bwt": stat([r["bwt"] for r in runs]),
-            **{f"op_{k}": stat([r["scores"][k]["op"] for r in runs]) for k in lm.SCORES},
+            "a_last": stat([r["summary"]["a_last"] for r in runs]), "bwt": stat([r["summary"]["bwt"] for r in runs]),
+            **{f"a_last_{k}": stat([r["scores"][k]["a_last"] for r in runs]) for k in lm.SCORES},
             **{k: stat([r["query_cost"][k] for r in runs]) for k in lm.QUERY_COST},
             # what the method keeps (LoRA: its adapter), not the recomputable replay keys or bookkeeping
             "bytes": stat([sum(v for k, v in r["memory_bytes"].items() if k not in ("replay_keys", "bookkeeping"))
@@ -132,12 +134,12 @@ def from_run_folders(out: Path) -> dict[str, list[dict]]:
 def markdown(name: str, rows: dict[str, dict], knobs: dict) -> str:
     pct = lambda s: f"{100 * s[0]:.1f} ± {100 * s[1]:.1f}"  # noqa: E731
     lines = [f"### {name} (MIITA knobs from dev: {knobs})", "",
-             "| run | OP | exact | first word | label-restricted | ROUGE-L | BWT | prompt tokens | ms / query "
+             "| run | A_last (OP) | exact | first word | label-restricted | ROUGE-L | BWT | prompt tokens | ms / query "
              "| bytes |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for run, r in rows.items():
-        lines.append(f"| {run} | {pct(r['op'])} | {pct(r['op_exact'])} | {pct(r['op_first_word'])} | "
-                     f"{pct(r['op_label_restricted'])} | {pct(r['op_rouge_l'])} | {pct(r['bwt'])} | "
+        lines.append(f"| {run} | {pct(r['a_last'])} | {pct(r['a_last_exact'])} | {pct(r['a_last_first_word'])} | "
+                     f"{pct(r['a_last_label_restricted'])} | {pct(r['a_last_rouge_l'])} | {pct(r['bwt'])} | "
                      f"{r['prompt_tokens'][0]:.0f} | {r['ms_per_query'][0]:.0f} | {r['bytes'][0]:,.0f} |")
     return "\n".join(lines)
 
@@ -186,7 +188,7 @@ def main() -> None:
                 # LoRA trains on the CPU for minutes a task: only at --lora-seeds
                 skip = {"miita-paper", *(() if seed in args.lora_seeds else ("lora",))}
                 others = tuple(m for m in seeded.methods if m not in skip)
-                metrics = lm.run(replace(seeded, methods=others), actors=actors).metrics
+                metrics = runner.run(replace(seeded, methods=others), actors=actors).metrics
                 runs = dict(metrics["runs"])
                 # miita-paper only at the budgets that hold one of its fp16 prototypes (2H + 2H + 4 bytes: 2,308 at
                 # SmolLM2's H = 576)
@@ -194,7 +196,7 @@ def main() -> None:
                 fits = tuple(b for b in seeded.budgets if b >= prototype_bytes(hidden, hidden, 1))
                 if "miita-paper" in seeded.methods and fits:
                     paper = replace(seeded, methods=("miita-paper",), budgets=fits)
-                    runs |= lm.run(paper, actors=actors).metrics["runs"]
+                    runs |= runner.run(paper, actors=actors).metrics["runs"]
                 for run, r in runs.items():
                     per_run.setdefault(run, []).append(r)
             rows = {run: summarise(rs) for run, rs in per_run.items()}

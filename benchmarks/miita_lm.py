@@ -20,14 +20,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from pipeline import lm
+from pipeline import lm, runner
 from pipeline.actor_cache import ActorCache
 from pipeline.config import load_config
 
 
 def markdown(metrics: dict, extra: dict[float, dict]) -> str:
     tasks = metrics["tasks"]
-    lines = ["| run | C_mem | OP | BWT | answer NLL | " + " | ".join(tasks) + " | memory bytes | seconds |",
+    lines = ["| run | C_mem | A_last (OP) | BWT | answer NLL | " + " | ".join(tasks) + " | memory bytes | seconds |",
              "|---|---|---|---|---|" + "---|" * len(tasks) + "---|---|"]
     rows = list(metrics["runs"].items())
     for step, m in extra.items():
@@ -36,7 +36,8 @@ def markdown(metrics: dict, extra: dict[float, dict]) -> str:
         budget = f"{r['budget_bytes'] // 1024} KiB" if r["budget_bytes"] else "-"
         final = " | ".join(f"{100 * v:.1f}" for v in r["acc_matrix"][-1])
         mem = ", ".join(f"{k} {v:,}" for k, v in r["memory_bytes"].items()) or "0"
-        scores = f"{100 * r['op']:.1f} | {100 * r['bwt']:.1f} | {r['final_answer_nll']:.2f}"
+        s = r["summary"]
+        scores = f"{100 * s['a_last']:.1f} | {100 * s['bwt']:.1f} | {r['final_answer_nll']:.2f}"
         lines.append(f"| {name} | {budget} | {scores} | {final} | {mem} | {r['wall_seconds']['total']:.0f} |")
     runs = metrics["runs"]
     lines.append("")
@@ -44,11 +45,12 @@ def markdown(metrics: dict, extra: dict[float, dict]) -> str:
         if r["method"] != "miita":
             continue
         replay = runs.get(name.replace("miita", "replay"))
-        parts = [f"{name}: OP − base {100 * (r['op'] - runs['base']['op']):+.1f} points, answer NLL − base "
+        a_last = {n: v["summary"]["a_last"] for n, v in runs.items()}
+        parts = [f"{name}: A_last − base {100 * (a_last[name] - a_last['base']):+.1f} points, answer NLL − base "
                  f"{r['final_answer_nll'] - runs['base']['final_answer_nll']:+.2f}"] if "base" in runs else []
         if replay is not None:
-            parts.append(f"OP − replay {100 * (r['op'] - replay['op']):+.1f} points, "
-                         f"BWT − replay {100 * (r['bwt'] - replay['bwt']):+.1f}")
+            parts.append(f"A_last − replay {100 * (a_last[name] - replay['summary']['a_last']):+.1f} points, "
+                         f"BWT − replay {100 * (r['summary']['bwt'] - replay['summary']['bwt']):+.1f}")
         lines.append("; ".join(parts))
     return "\n".join(lines)
 
@@ -64,17 +66,17 @@ def main() -> None:
     import yaml
 
     overrides = {"budgets": args.budgets, "seed": args.seed, "runtime.out": args.out,
-                 "runtime.evaluate": "new_and_final", **{k: yaml.safe_load(v) for k, _, v in
+                 "runtime.evaluate_window": 1, **{k: yaml.safe_load(v) for k, _, v in
                                                           (s.partition("=") for s in args.set)}}
     config = load_config(overrides=overrides, cls=lm.LMRunConfig)
     actors = ActorCache()
     try:
-        metrics = lm.run(config, actors=actors).metrics
+        metrics = runner.run(config, actors=actors).metrics
         extra = {}
         for step in args.steps:
             adapt = replace(config.method.adapt, step=step)
             sweep = replace(config, methods=("miita",), method=replace(config.method, adapt=adapt))
-            extra[step] = lm.run(sweep, actors=actors).metrics
+            extra[step] = runner.run(sweep, actors=actors).metrics
     finally:
         actors.close()
     print(lm.summary_table(metrics))

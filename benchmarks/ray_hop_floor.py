@@ -17,7 +17,7 @@ import ray
 
 from memcl_ops.arrow import schema as S
 from pipeline.config import load_config
-from pipeline.runner import ensure_ray
+from pipeline.roles import ensure_ray
 from pipeline.throughput import ray_floor
 
 

@@ -21,7 +21,7 @@ from memcl_ops.method_config import LMMethodConfig, MethodConfig
 from memcl_ops.methods import METHODS, method_spec
 from memcl_ops.roles.stream_source import StreamSource
 from memcl_ops.rounds import InProcessRun, Schedule, plan_rounds, stream_in_process
-from pipeline import lm, preflight, runner
+from pipeline import preflight, runner
 from pipeline.config import RunConfig, load_config
 from pipeline.lm import LMResult, LMRunConfig
 from pipeline.roles import RunResult
@@ -36,8 +36,8 @@ def run(method: str = "mars", settings: dict[str, Any] | None = None, *, config:
     `settings`: dotted keys over the embedded default config (or over the YAML file `config`); `seed`: the run's
     seed; `progress`: draw the progress bars. The run folder is `result.run_dir` (under `runtime.out`)."""
     if method_spec(method).family == "lm":
-        return lm.run(load_config(config, {**(settings or {}), "methods": [method], "seed": seed},
-                                  cls=LMRunConfig), progress=progress)
+        return runner.run(load_config(config, {**(settings or {}), "methods": [method], "seed": seed},
+                                      cls=LMRunConfig), progress=progress)
     return runner.run(_run_config(method, settings, config, seed), progress=progress)
 
 

@@ -67,14 +67,23 @@ def forward_transfer(acc: np.ndarray, baseline: np.ndarray) -> float:
 @dataclass(frozen=True)
 class Summary:
     a_last: float
-    a_mean: float
-    forgetting: float
+    a_mean: float | None  # None where an entry below the diagonal was not evaluated (`runtime.evaluate_window`)
+    forgetting: float | None  # the same
     bwt: float
 
     @classmethod
     def of(cls, acc: np.ndarray) -> Summary:
-        return cls(final_accuracy(acc), average_incremental_accuracy(acc), forgetting(acc),
-                   backward_transfer(acc))
+        """The four numbers of a T x T matrix whose last row and diagonal are complete."""
+        a = _square(acc)
+        full = not np.isnan(a[np.tril_indices(len(a))]).any()
+        return cls(final_accuracy(a), average_incremental_accuracy(a) if full else None,
+                   forgetting(a) if full else None, backward_transfer(a))
+
+    @staticmethod
+    def computable(acc: np.ndarray) -> bool:
+        """Whether `of` can read `acc`: its last row and its diagonal were evaluated."""
+        a = np.asarray(acc, dtype=np.float64)
+        return bool(a.size) and not (np.isnan(a[-1]).any() or np.isnan(np.diag(a)).any())
 
     @classmethod
     def over_points(cls, acc: np.ndarray, learned: list[int]) -> Summary:

@@ -2,9 +2,9 @@
 `stream_in_process` with an in-process learner, so both fill the same accuracy matrix.
 
 * a round is a visit of a task, or K consecutive batches regardless of visits when task-free (`plan_rounds`);
-* after a round, the tasks seen so far (the last `window` of them, if set) are evaluated on their test data as of
-  the last visit ended, when the round ends a visit at an evaluation point (every `evaluate_every`-th visit and the
-  last; task-free: every `evaluate_every`-th round and the last);
+* after a round, the tasks seen so far (the last `window` of them, if set, except after the last round) are
+  evaluated on their test data as of the last visit ended, when the round ends a visit at an evaluation point
+  (every `evaluate_every`-th visit and the last; task-free: every `evaluate_every`-th round and the last);
 * the matrix gets one row per visit ended (task-free: one per evaluation point).
 """
 
@@ -41,7 +41,8 @@ class Schedule:
     task_free: bool
     rounds: int
     evaluate_every: int = 1
-    window: int | None = None  # evaluate only the most recently first-trained tasks (None: all seen)
+    # evaluate only the most recently first-trained tasks (None: all seen); the last round evaluates all seen
+    window: int | None = None
 
     def ended(self, info: StreamInfo, batches: RoundBatches) -> list[int]:
         """The visits a round ends."""
@@ -52,8 +53,10 @@ class Schedule:
             return (round_index + 1) % self.evaluate_every == 0 or round_index == self.rounds - 1
         return any(v == len(info.visits) - 1 or (v + 1) % self.evaluate_every == 0 for v in ended)
 
-    def tasks(self, seen: list[int]) -> list[int]:
-        return sorted(seen if self.window is None else seen[-self.window:])
+    def tasks(self, seen: list[int], round_index: int) -> list[int]:
+        """The tasks an evaluation after round `round_index` answers."""
+        last = round_index == self.rounds - 1
+        return sorted(seen if self.window is None or last else seen[-self.window:])
 
     @staticmethod
     def test_visit(batches: RoundBatches, ended: list[int]) -> int:
@@ -117,7 +120,7 @@ def stream_in_process(learner: StreamLearner, source: StreamSource, schedule: Sc
         accuracy = {}
         if schedule.due(info, r, ended):
             after = schedule.test_visit(batches, ended)
-            accuracy = {t: _accuracy(learner, source, t, after, out.refused) for t in schedule.tasks(seen)}
+            accuracy = {t: _accuracy(learner, source, t, after, out.refused) for t in schedule.tasks(seen, r)}
         out.rows += matrix_rows(accuracy, ended, len(info.task_classes), schedule.task_free)
     return out
 

@@ -33,17 +33,36 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipeline import report, runner
+    from pipeline import runner
     from pipeline.config import load_config
 
     if args.resume:
-        result = runner.run(resume=Path(args.resume))
-    else:
-        result = runner.run(load_config(args.config, _overrides(args)))
+        return _report(runner.run(resume=Path(args.resume)))
+    return _report(runner.run(load_config(args.config, _overrides(args))))
+
+
+def cmd_lm(args: argparse.Namespace) -> int:
+    from pipeline import lm, runner
+    from pipeline.config import load_config
+
+    if args.resume:
+        return _report(runner.run(resume=Path(args.resume)))
+    return _report(runner.run(load_config(args.config, _overrides(args), cls=lm.LMRunConfig)))
+
+
+def _report(result) -> int:
+    """Print a finished run's tables and folder (a `memcl lm` run's too, whichever command resumed it); a run that
+    learned nothing is a failed run, whatever it wrote."""
+    from pipeline import lm, report
+
+    if isinstance(result, lm.LMResult):
+        print(lm.summary_table(result.metrics))
+        print(f"\nrun folder: {result.run_dir}")
+        return 0
     print(report.summary_table(result.metrics))
     print(f"\nrun folder: {result.run_dir}")
     samples = result.samples
-    if not samples.learned:  # a run that learned nothing is a failed run, whatever it wrote
+    if not samples.learned:
         if not samples.stream:
             why = "the source streamed no rows"
         else:
@@ -52,19 +71,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                    f"{result.run_dir}/dead_letters/")
         print(f"memcl: error: nothing was learned: {why}", file=sys.stderr)
         return 1
-    return 0
-
-
-def cmd_lm(args: argparse.Namespace) -> int:
-    from pipeline import lm
-    from pipeline.config import load_config
-
-    if args.resume:
-        result = lm.run(resume=Path(args.resume))
-    else:
-        result = lm.run(load_config(args.config, _overrides(args), cls=lm.LMRunConfig))
-    print(lm.summary_table(result.metrics))
-    print(f"\nrun folder: {result.run_dir}")
     return 0
 
 

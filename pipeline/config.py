@@ -42,6 +42,9 @@ class EncoderPoolConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
+    """How every run executes, whatever its family (`memcl run`'s and `memcl lm`'s `runtime` section); `transport`,
+    `compiled_timeout_s`, `cache_dir` and `max_batch_rows` concern the streams of frozen features and raw rows only."""
+
     address: str | None = None  # None: start Ray in-process; "auto": join a running cluster
     num_cpus: int | None = None  # for an in-process Ray; None: all cores
     object_store_mb: int = 512  # an in-process Ray's object store
@@ -51,7 +54,7 @@ class RuntimeConfig:
     # holds max_in_flight buffers of twice the stream's largest batch in the object store)
     transport: Literal["actors", "compiled"] = "actors"
     compiled_timeout_s: float = 300.0  # the longest wait for one compiled step before it counts as hung
-    actor_threads: int = 2  # torch threads in the learner actors
+    actor_threads: int = 2  # torch threads in the learner actors (and the LM actors)
     cache_dir: str = ".memcl_cache"  # Parquet feature cache; "" disables it (encode in-line)
     out: str = "runs"  # where run folders are made
     checkpoint: bool = True  # checkpoint every actor after each round (what --resume and fault replay read)
@@ -62,7 +65,8 @@ class RuntimeConfig:
     max_recoveries: int = 5  # replays of one visit after actor faults before the run gives up
     # evaluate after every N-th visit (task-free: every N-th consolidation round), and always after the last
     evaluate_every: int = 1
-    evaluate_window: int | None = None  # evaluate only the N most recently trained tasks (None: all seen)
+    # evaluate only the N most recently first-trained tasks (None: all seen); after the last round, all seen
+    evaluate_window: int | None = None
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,8 @@ class FeaturePipeline:
                                                      for v in sorted({v for v, _ in batches})]))
         accuracy: dict[int, float] = {}
         if schedule.due(info, state.next_round, ended):
-            accuracy = self.evaluate(schedule.tasks(seen), schedule.test_visit(batches, ended), letters)
+            accuracy = self.evaluate(schedule.tasks(seen, state.next_round), schedule.test_visit(batches, ended),
+                                     letters)
         refused = [t for t in [*refused, *ray.get(letters)] if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,

@@ -1,7 +1,7 @@
 """`memcl lm`: continual learning of (instruction -> short answer) tasks with a frozen small LM, the "lm"
 methods side by side on one task stream, the memory methods at each byte budget (docs/methods.md, "MIITA").
-Each (method, budget) is one run of the one runner (pipeline/runner.py: fault replay, checkpoints, `--resume`),
-one round per task, through Arrow batches and actors:
+`pipeline.runner.run` of an `LMRunConfig` runs each (method, budget) through the one round loop (pipeline/loop.py:
+fault replay, checkpoints, `--resume`), one round per task, through Arrow batches and actors:
 
     text pairs ──> LMEncoder.extract ──> (key, R_m) ──> MemoryManager.write_prototypes     (miita)
     text pairs ──────────────┴───────────────────────> MemoryManager.write_replay         (replay)
@@ -17,8 +17,9 @@ The extraction is the same for every method and budget, so it runs once per trai
 has no state, so each task is answered once and its accuracy fills its column of every row.
 
 Writes a run folder: config.yaml, runs/<run>/ (each run's checkpoints and metrics.json), metrics.json (per run:
-accuracy matrix, OP, BWT, memory bytes after every task, wall seconds), results.csv (one row per run),
-<run>_acc_matrix.{csv,png}, <run>_acc_over_time.png, op_bwt.png and predictions.jsonl (every generated answer).
+accuracy matrix, its summary (A_last, the MIITA paper's OP; BWT), memory bytes after every task, wall seconds),
+results.csv (one row per run), <run>_acc_matrix.{csv,png}, <run>_acc_over_time.png, a_last_bwt.png and
+predictions.jsonl (every generated answer).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -45,36 +45,18 @@ from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.methods import family_methods, lm_method
 from memcl_ops.models.causal_lm import LMSpec, check_lm_name
 from memcl_ops.roles.lm import LMFlow
-from memcl_ops.rounds import RoundBatches, plan_rounds
-from pipeline import checkpoint, preflight, report, runner
+from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds
+from pipeline import checkpoint, report
 from pipeline.actor_cache import ActorCache
-from pipeline.config import ConfigError, dump_config, load_config
+from pipeline.config import ConfigError, RuntimeConfig, dump_config
 from pipeline.errors import RunInterrupted
 from pipeline.executors import ActorCalls
+from pipeline.loop import new_run_dir, stream
 from pipeline.progress import InFlight, Progress, Reports
-from pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
+from pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
 
 SCORES = ("exact", "first_word", "label_restricted", "rouge_l")  # per answer: memcl_ops/data/lm_tasks.py
 QUERY_COST = ("prompt_tokens", "ms_per_query")
-
-
-@dataclass(frozen=True)
-class LMRuntimeConfig:
-    address: str | None = None  # None: start Ray in-process; "auto": join a running cluster
-    num_cpus: int | None = None  # for an in-process Ray; None: all cores
-    object_store_mb: int = 512
-    threads: int = 2  # torch threads in the LM actors
-    batch_size: int = 16  # text pairs per Arrow batch
-    max_in_flight: int = 4  # batches written or trained at once (backpressure)
-    # after each task, answer every seen task ("seen": the full accuracy matrix, Ā and forgetting) or only the new
-    # one, then every task after the last ("new_and_final": the entries OP and BWT need, ~40 % less generation)
-    evaluate: Literal["seen", "new_and_final"] = "seen"
-    out: str = "runs"
-    checkpoint: bool = True
-    progress: bool = True
-    tensorboard: bool = False  # TensorBoard event files in each run's folder
-    max_restarts: int = 2  # Ray restarts of a crashed actor (its state is then restored by the runner)
-    max_recoveries: int = 5  # replays of one task after actor faults before the run gives up
 
 
 @dataclass(frozen=True)
@@ -88,7 +70,7 @@ class LMRunConfig:
     methods: tuple[str, ...] = ("base", "replay", "miita", "lora")
     budgets: tuple[int, ...] = (16 * 1024, 64 * 1024)  # C_mem in bytes, for the memory methods
     method: LMMethodConfig = LMMethodConfig()
-    runtime: LMRuntimeConfig = LMRuntimeConfig()
+    runtime: RuntimeConfig = RuntimeConfig()  # the runtime of every run (`memcl run`'s section)
 
 
 @dataclass(frozen=True)
@@ -123,12 +105,12 @@ class LMContext:
 
     def __init__(self, config: LMRunConfig, tasks: list[TextTask], actors: ActorCache):
         self.config, self.tasks, self.actors = config, tasks, actors
-        train, test = task_batches(tasks, config.runtime.batch_size)
+        train, test = task_batches(tasks, config.stream.batch_size)
         self.train = [[ray.put(b) for b in batches] for batches in train]
         self.test = [[ray.put(b) for b in batches] for batches in test]
         rt = config.runtime
         actors.get("lm_encoder", LMEncoder, {"num_cpus": 1, "max_restarts": rt.max_restarts}, config.model,
-                   rt.threads)
+                   rt.actor_threads)
         self.model = ray.get(self.encoder.info.remote())
         self.extracted: dict[int, list[ray.ObjectRef]] = {}  # per task: (key, R_m) batches, computed once
         self.query_keys: dict[int, list[ray.ObjectRef]] = {}  # per task: the test prompts' keys (replay)
@@ -171,7 +153,8 @@ class LMPipeline:
             ctx.actors.get("memory", MemoryManager, options, stores, 1)
             names.append("memory")
         if probe.trains:
-            ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, self.method.finetune, cfg.seed, rt.threads)
+            ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, self.method.finetune, cfg.seed,
+                           rt.actor_threads)
             names.append("lm_trainer")
         self.roles = Roles(ctx.actors, names)
         self.flow = LMFlow(ActorCalls(self.roles.handle), method, self.method, spec.budget)
@@ -215,15 +198,17 @@ class LMPipeline:
 
     def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports,
                      on_batch: BatchHook | None) -> RoundOutcome:
-        """Learn one task, then answer the tasks due: every seen one, or (new_and_final) the new one and, after the
-        last task, all."""
+        """Learn one task, then answer the tasks due at the runtime's evaluation points (`Schedule`: every seen one,
+        or the `evaluate_window` newest; every seen one after the last task)."""
         ctx, bars = self.ctx, reports.progress
         task = batches[0][0]
         t0 = time.perf_counter()
         learned = self.learn(task, on_batch, bars)
         t1 = time.perf_counter()
-        final = task == len(ctx.tasks) - 1
-        due = range(task + 1) if final or ctx.config.runtime.evaluate == "seen" else [task]
+        rt = ctx.config.runtime
+        schedule = Schedule(False, len(ctx.tasks), rt.evaluate_every, rt.evaluate_window)
+        seen = list(range(task + 1))
+        due = schedule.tasks(seen, task) if schedule.due(self.info, task, [task]) else []
         accuracy, nll, predictions, scores = {}, {}, [], {}
         for j in due:
             if self.spec.method == "base" and j in ctx.base_answers:
@@ -239,9 +224,10 @@ class LMPipeline:
                     ctx.base_answers[j] = accuracy[j], nll[j], rows
             scores[j] = {name: float(np.mean([r[name] for r in rows])) for name in SCORES + QUERY_COST}
             predictions += [{"run": self.spec.name, "after_task": task, "task": j, **r} for r in rows]
-        bars.note(f"{self.spec.name} after {ctx.tasks[task].name}: mean accuracy on the tasks answered "
-                  f"{np.mean(list(accuracy.values())):.3f}")
-        return RoundOutcome(accuracy, list(range(task + 1)), [task], len(batches), None,
+        if accuracy:
+            bars.note(f"{self.spec.name} after {ctx.tasks[task].name}: mean accuracy on the tasks answered "
+                      f"{np.mean(list(accuracy.values())):.3f}")
+        return RoundOutcome(accuracy, seen, [task], len(batches), None,
                                    {"learn": t1 - t0, "evaluate": time.perf_counter() - t1},
                                    {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
                                     "scores": scores, "predictions": predictions})
@@ -269,22 +255,19 @@ class LMPipeline:
         for i, entry in enumerate(state.round_log):
             for j, value in entry["nll"].items():
                 nll[i, int(j)] = value
-        full = not np.isnan(acc[np.tril_indices(len(acc))]).any()
         per_score = {name: np.full_like(acc, np.nan) for name in SCORES + QUERY_COST}
         for i, entry in enumerate(state.round_log):
             for j, values in entry["scores"].items():
                 for name, value in values.items():
                     per_score[name][i, int(j)] = value
 
+        # the headline (`summary`, the loop's: A_last, the MIITA paper's OP) is exact match, or ROUGE-L on free-text
+        # tasks; A_last and BWT of every score beside it
         return {"method": self.spec.method, "run": self.spec.name, "budget_bytes": self.spec.budget,
-                "op": M.final_accuracy(acc), "bwt": M.backward_transfer(acc),
-                "a_mean": M.average_incremental_accuracy(acc) if full else None,
-                "forgetting": M.forgetting(acc) if full else None,
                 # teacher-forced NLL of the reference answers under the method's final state (lower is better)
                 "nll_matrix": nll.tolist(), "final_answer_nll": float(np.mean(nll[-1])),
-                # OP and BWT of every score (the headline `op` is exact match, or ROUGE-L on free-text tasks)
-                "scores": {name: {"op": M.final_accuracy(per_score[name]), "bwt": M.backward_transfer(per_score[name])}
-                           for name in SCORES},
+                "scores": {name: {"a_last": M.final_accuracy(per_score[name]),
+                                  "bwt": M.backward_transfer(per_score[name])} for name in SCORES},
                 # what one answer costs: prompt tokens read (replay's demonstrations included) and wall ms
                 "query_cost": {name: float(np.nanmean(per_score[name])) for name in QUERY_COST},
                 "log": [{"task": e["task"], "name": e["name"], "learned": e["learned"], "memory_bytes": e["memory"],
@@ -316,19 +299,16 @@ class LMResult:
     """A finished `memcl lm`: its folder, each (method, budget) run's result by name, and what metrics.json holds."""
 
     run_dir: Path
-    runs: dict[str, runner.RunResult]
+    runs: dict[str, RunResult]
     metrics: dict
 
 
-def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
-        progress: bool | None = None, actors: ActorCache | None = None,
-        on_batch: BatchHook | None = None) -> LMResult:
-    """Run (or resume) every method (and budget) of `config` over its task stream, each through the one runner.
-    `actors`: reuse the actors of earlier runs (they are reset); by default they are killed after."""
-    if resume is not None:
-        run_dir = preflight.run_folder(resume, "config.yaml")
-        config = load_config(run_dir / "config.yaml", cls=LMRunConfig)
-    config = config or LMRunConfig()
+def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bool = False,
+                progress: bool | None = None, actors: ActorCache | None = None,
+                on_batch: BatchHook | None = None) -> LMResult:
+    """What `pipeline.runner.run` does with an `LMRunConfig`: every method (and budget) of `config` over its task
+    stream, each through the one round loop (`resumed`: continue the runs of `run_dir`). `actors`: reuse the
+    actors of earlier runs (they are reset); by default they are killed after."""
     try:  # before Ray starts: a bad config fails at once, with one line
         specs = run_specs(config)
         check_lm_name(config.model.name)
@@ -339,12 +319,12 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resum
     try:
         started = time.perf_counter()
         tasks = build_stream(config.stream)
-        runner.ensure_ray(config)
+        ensure_ray(config)
         rt = config.runtime
         bars = Progress(enabled=rt.progress if progress is None else progress)
-        run_dir = run_dir or runner.new_run_dir(rt.out, f"lm-{config.model.name}-s{config.seed}")
+        run_dir = run_dir or new_run_dir(rt.out, f"lm-{config.model.name}-s{config.seed}")
         run_dir.mkdir(parents=True, exist_ok=True)
-        if resume is None:
+        if not resumed:
             dump_config(config, run_dir / "config.yaml")
         try:
             t0 = time.perf_counter()
@@ -355,13 +335,13 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resum
             runs = {}
             for spec in specs:
                 folder = run_dir / "runs" / spec.name.replace("@", "_")
-                if resume is not None and (folder / "metrics.json").is_file():
-                    runs[spec.name] = runner.RunResult.of(folder, json.loads((folder / "metrics.json").read_text()))
+                if resumed and (folder / "metrics.json").is_file():
+                    runs[spec.name] = RunResult.of(folder, json.loads((folder / "metrics.json").read_text()))
                     continue
                 folder.mkdir(parents=True, exist_ok=True)
-                runs[spec.name] = runner.stream(LMPipeline(ctx, spec), folder, resume is not None, rt, bars,
-                                                {"dataset": ctx.info.name, "seed": config.seed},
-                                                started=time.perf_counter(), on_batch=on_batch)
+                runs[spec.name] = stream(LMPipeline(ctx, spec), folder, resumed, rt, bars,
+                                         {"dataset": ctx.info.name, "seed": config.seed},
+                                         started=time.perf_counter(), on_batch=on_batch)
         except KeyboardInterrupt:
             raise RunInterrupted(run_dir, command="memcl lm") from None
         predictions = [p for r in runs.values() for e in r.metrics["round_log"] for p in e["predictions"]]
@@ -384,7 +364,7 @@ def run(config: LMRunConfig | None = None, *, run_dir: Path | None = None, resum
 
 def _run_entry(metrics: dict) -> dict:
     """One run's entry in the `memcl lm` metrics: its results without the answers (those go to predictions.jsonl)."""
-    keep = ("method", "budget_bytes", "acc_matrix", "op", "bwt", "a_mean", "forgetting", "nll_matrix",
+    keep = ("method", "budget_bytes", "acc_matrix", "summary", "nll_matrix",
             "final_answer_nll", "scores", "query_cost", "memory_bytes", "log", "samples", "recoveries", "wall_seconds")
     return {k: metrics[k] for k in keep}
 
@@ -398,31 +378,32 @@ def write_lm_run(run_dir: Path, metrics: dict, predictions: list[dict]) -> None:
 
 
 def render_lm(run_dir: Path, metrics: dict) -> None:
-    """results.csv, the accuracy matrix files of every run and the OP/BWT chart, from a metrics dict."""
+    """results.csv, the accuracy matrix files of every run and the A_last/BWT chart, from a metrics dict."""
     with open(run_dir / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["run", "method", "budget_bytes", "op", "bwt", "a_mean", "final_answer_nll", "memory_bytes",
-                         "seconds"])
+        writer.writerow(["run", "method", "budget_bytes", "a_last", "bwt", "a_mean", "final_answer_nll",
+                         "memory_bytes", "seconds"])
         for name, r in metrics["runs"].items():
-            a_mean = "" if r["a_mean"] is None else f"{r['a_mean']:.4f}"
-            writer.writerow([name, r["method"], r["budget_bytes"] or "", f"{r['op']:.4f}", f"{r['bwt']:.4f}", a_mean,
-                             f"{r['final_answer_nll']:.3f}", sum(r["memory_bytes"].values()),
+            s = r["summary"]
+            a_mean = "" if s.get("a_mean") is None else f"{s['a_mean']:.4f}"
+            writer.writerow([name, r["method"], r["budget_bytes"] or "", f"{s['a_last']:.4f}", f"{s['bwt']:.4f}",
+                             a_mean, f"{r['final_answer_nll']:.3f}", sum(r["memory_bytes"].values()),
                              f"{r['wall_seconds']['total']:.1f}"])
     for name, r in metrics["runs"].items():
         view = {"acc_matrix": r["acc_matrix"], "visits": list(range(len(metrics["tasks"]))), "method": name,
                 "dataset": "+".join(metrics["tasks"]), "seed": metrics["seed"]}
         report.write_matrix(run_dir, view, prefix=f"{name.replace('@', '_')}_")
-    _op_bwt_chart(metrics, run_dir / "op_bwt.png")
+    _headline_chart(metrics, run_dir / "a_last_bwt.png")
 
 
-def _op_bwt_chart(metrics: dict, path: Path) -> None:
+def _headline_chart(metrics: dict, path: Path) -> None:
     import matplotlib.pyplot as plt  # report.py selected the Agg backend
 
     names = list(metrics["runs"])
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(names), 3.5))
-    ax.bar(x - 0.2, [100 * metrics["runs"][n]["op"] for n in names], 0.4, label="OP")
-    ax.bar(x + 0.2, [100 * metrics["runs"][n]["bwt"] for n in names], 0.4, label="BWT")
+    ax.bar(x - 0.2, [100 * metrics["runs"][n]["summary"]["a_last"] for n in names], 0.4, label="A_last")
+    ax.bar(x + 0.2, [100 * metrics["runs"][n]["summary"]["bwt"] for n in names], 0.4, label="BWT")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x, names, rotation=20, fontsize=8)
     ax.set_ylabel("percent")
@@ -435,17 +416,19 @@ def _op_bwt_chart(metrics: dict, path: Path) -> None:
 
 def summary_table(metrics: dict) -> str:
     tasks = metrics["tasks"]
-    head = (f"{'run':<16} {'OP':>6} {'BWT':>7} {'NLL':>6}  " + " ".join(f"{t[:12]:>12}" for t in tasks)
+    head = (f"{'run':<16} {'A_last':>6} {'BWT':>7} {'NLL':>6}  " + " ".join(f"{t[:12]:>12}" for t in tasks)
             + "   memory bytes")
     lines = [f"{metrics['model']['spec']} (hidden {metrics['model']['hidden']}, key layer "
-             f"{metrics['model']['key_layer']}), seed {metrics['seed']}; OP, BWT and final accuracy per task in %, "
-             "NLL: mean teacher-forced NLL of the reference answers after the last task", "", head,
+             f"{metrics['model']['key_layer']}), seed {metrics['seed']}; A_last (the MIITA paper's OP), BWT and "
+             "final accuracy per task in %, NLL: mean teacher-forced NLL of the reference answers after the last task",
+             "", head,
              "-" * len(head)]
     for name, r in metrics["runs"].items():
         final = r["acc_matrix"][-1]
         cells = " ".join(f"{100 * v:12.1f}" for v in final)
         mem = ", ".join(f"{k} {v:,}" for k, v in r["memory_bytes"].items()) or "-"
-        scores = f"{100 * r['op']:6.1f} {100 * r['bwt']:7.1f} {r['final_answer_nll']:6.2f}"
+        s = r["summary"]
+        scores = f"{100 * s['a_last']:6.1f} {100 * s['bwt']:7.1f} {r['final_answer_nll']:6.2f}"
         lines.append(f"{name:<16} {scores}  {cells}   {mem}")
     lines.append(f"\nwall seconds: {metrics['wall_seconds']['total']:.0f} total, "
                  f"{metrics['wall_seconds']['extract']:.0f} extraction; per run: "

@@ -162,8 +162,9 @@ def summary_table(metrics: dict) -> str:
     s = metrics.get("summary") or {}
     if s:
         mean = "Ā online (all seen, over points)" if metrics.get("task_free") else "Ā"
-        lines += ["", f"A_last {100 * s['a_last']:.2f}   {mean} {100 * s['a_mean']:.2f}   "
-                      f"forgetting {100 * s['forgetting']:.2f}   BWT {100 * s['bwt']:.2f}"]
+        pct = lambda v: "-" if v is None else f"{100 * v:.2f}"  # noqa: E731  (None: not every entry evaluated)
+        lines += ["", f"A_last {pct(s['a_last'])}   {mean} {pct(s['a_mean'])}   forgetting {pct(s['forgetting'])}   "
+                      f"BWT {pct(s['bwt'])}"]
     samples = metrics["samples"]
     lines.append(f"samples streamed {samples['stream']}, learned {samples['learned']} "
                  f"({samples['unique_learned']} unique), refused {samples.get('refused', 0)} "

@@ -31,6 +31,7 @@ from memcl_ops.rounds import plan_rounds
 from pipeline import preflight, runner
 from pipeline.config import RunConfig, load_config
 from pipeline.features import FeaturePipeline
+from pipeline.roles import ensure_ray
 
 ALPHA = 0.05  # SGSE's per-test false-expansion bound
 DETECTION_BLOCKS = 3  # a novel event counts as detected if a test within this many blocks of its start expands
@@ -181,7 +182,7 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
            actors: runner.ActorCache | None = None) -> dict:
     config = stress_config(tasks, task_free, overrides)
     preflight.check_run(config)  # a bad config fails in a second, before Ray starts
-    runner.ensure_ray(config)
+    ensure_ray(config)
     from memcl_ops.data.sources import DriftStream
 
     drift = DriftStream(config.data.drift, task_free)

@@ -45,6 +45,7 @@ from pipeline.actor_cache import ActorCache
 from pipeline.compiled_chain import size_channels
 from pipeline.config import RuntimeConfig, load_config
 from pipeline.progress import InFlight, Progress
+from pipeline.roles import ensure_ray
 
 CORES = 2  # the machine this is measured on; encoder threads are split between replicas
 TRANSPORTS = ("actors", "compiled")
@@ -357,7 +358,7 @@ def table(rows: list[dict], stage_rows: list[dict]) -> str:
 def throughput(images: int = 2560, image_size: int = 64, cases: list[Case] | None = None,
                out: str | Path = "runs/bench", repeats: int = 3, log=print) -> tuple[list[dict], list[dict]]:
     folder = Path(out) / "throughput"
-    runner.ensure_ray(load_config())
+    ensure_ray(load_config())
     actors = ActorCache()
     rows, stage_rows = [], []
     try:

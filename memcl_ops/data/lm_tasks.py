@@ -59,6 +59,7 @@ class LMStreamSpec:
     # "dev": answer a held-out quarter of each task's training pairs instead of its test pairs (choosing knobs
     # without seeing a test item); "test": the test pairs
     evaluate_on: str = "test"
+    batch_size: int = 16  # text pairs per Arrow batch
 
 
 def normalise(text: str) -> str:

@@ -12,8 +12,9 @@ from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.miita.directions import AdaptConfig
 from memcl_ops.models.causal_lm import LMSpec
-from pipeline.config import dump_config
-from pipeline.lm import LMRunConfig, LMRuntimeConfig, run, run_specs
+from pipeline.config import RuntimeConfig, dump_config
+from pipeline.lm import LMRunConfig, run_specs
+from pipeline.runner import run
 from tests.killing import kill_driver_at_checkpoint, killer
 
 pytestmark = pytest.mark.ray
@@ -25,9 +26,10 @@ def config(step: float, methods=("base", "replay", "miita", "miita-paper", "miit
            out="runs"):
     return LMRunConfig(
         model=LMSpec(name="tiny:llama", threads=1), methods=methods, budgets=budgets,
-        stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3),
+        stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3,
+                            batch_size=4),
         method=LMMethodConfig(adapt=AdaptConfig(step=step, **ALWAYS_ON)),
-        runtime=LMRuntimeConfig(threads=1, batch_size=4, progress=False, out=str(out)))
+        runtime=RuntimeConfig(actor_threads=1, progress=False, out=str(out)))
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +53,9 @@ def test_run_folder_holds_every_run_side_by_side(zero_step):
         assert acc.shape == (3, 3) and np.isnan(acc[np.triu_indices(3, 1)]).all(), name
         assert not np.isnan(acc[np.tril_indices(3)]).any(), name
         bwt = (acc[2, 0] - acc[0, 0] + acc[2, 1] - acc[1, 1]) / 2
-        assert r["op"] == pytest.approx(acc[-1].mean()) and r["bwt"] == pytest.approx(bwt)
+        assert r["summary"]["a_last"] == pytest.approx(acc[-1].mean()) and r["summary"]["bwt"] == pytest.approx(bwt)
     folder = zero_step["run_dir"]
-    for name in ("results.csv", "op_bwt.png", "miita_256B_acc_matrix.png", "lora_acc_matrix.csv", "config.yaml"):
+    for name in ("results.csv", "a_last_bwt.png", "miita_256B_acc_matrix.png", "lora_acc_matrix.csv", "config.yaml"):
         assert Path(folder, name).exists(), name
 
 
@@ -94,16 +96,17 @@ def test_position_aware_miita_writes_the_nearest_stored_answer(actors, tmp_path)
     assert len(same) == 18 and np.mean(same) >= 0.8, same
 
 
-def test_new_and_final_evaluation_gives_the_same_op_and_bwt(actors, tmp_path, zero_step):
+def test_evaluating_only_the_new_task_gives_the_same_a_last_and_bwt(actors, tmp_path, zero_step):
     cfg = config(0.0, methods=("replay", "miita"))
-    short = run(replace(cfg, runtime=replace(cfg.runtime, evaluate="new_and_final")), run_dir=tmp_path,
+    short = run(replace(cfg, runtime=replace(cfg.runtime, evaluate_window=1)), run_dir=tmp_path,
                 actors=actors).metrics
     for name, r in short["runs"].items():
         acc, full = np.array(r["acc_matrix"]), np.array(zero_step["runs"][name]["acc_matrix"])
-        assert np.isnan(acc[1, 0]) and r["a_mean"] is None  # task 0 was not answered again after task 1
+        assert np.isnan(acc[1, 0]) and r["summary"]["a_mean"] is None  # task 0 not answered again after task 1
         np.testing.assert_array_equal(acc[np.diag_indices(3)], full[np.diag_indices(3)])
         np.testing.assert_array_equal(acc[-1], full[-1])
-        assert (r["op"], r["bwt"]) == (zero_step["runs"][name]["op"], zero_step["runs"][name]["bwt"])
+        full_summary = zero_step["runs"][name]["summary"]
+        assert (r["summary"]["a_last"], r["summary"]["bwt"]) == (full_summary["a_last"], full_summary["bwt"])
 
 
 def test_lora_training_lowers_the_training_loss(zero_step):

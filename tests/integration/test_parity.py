@@ -23,9 +23,8 @@ from memcl_ops.models.causal_lm import LMSpec
 from memcl_ops.roles.stream_source import StreamSource
 from memcl_ops.rounds import Schedule, plan_rounds, stream_in_process
 from pipeline import checkpoint, runner
-from pipeline.config import load_config
-from pipeline.lm import LMRunConfig, LMRuntimeConfig, run_specs
-from pipeline.lm import run as lm_run
+from pipeline.config import RuntimeConfig, load_config
+from pipeline.lm import LMRunConfig, run_specs
 
 pytestmark = pytest.mark.ray
 
@@ -178,15 +177,16 @@ def test_lm_in_process_and_actor_pipeline_give_the_same_answers(actors, one_torc
     """Every "lm" method, after every task, answers every test prompt it is asked the same in both executors."""
     config = LMRunConfig(
         model=LMSpec(name="tiny:llama", threads=1), methods=tuple(family_methods("lm")), budgets=(256,),
-        stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3),
-        runtime=LMRuntimeConfig(threads=1, batch_size=4, progress=False, out=str(tmp_path)))
-    metrics = lm_run(config, run_dir=tmp_path / "lm", actors=actors).metrics
+        stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3,
+                            batch_size=4),
+        runtime=RuntimeConfig(actor_threads=1, progress=False, out=str(tmp_path)))
+    metrics = runner.run(config, run_dir=tmp_path / "lm", actors=actors).metrics
     asked: dict[str, dict] = {}
     for line in (tmp_path / "lm" / "predictions.jsonl").read_text().splitlines():
         row = json.loads(line)
         asked.setdefault(row["run"], {})[(row["after_task"], row["sample_id"])] = row["prediction"]
     tasks = build_lm_stream(config.stream)
-    train, test = task_batches(tasks, config.runtime.batch_size)
+    train, test = task_batches(tasks, config.stream.batch_size)
     task_of = {sid: j for j, batches in enumerate(test) for b in batches for sid in b.column(S.SAMPLE_ID).to_pylist()}
     for spec in run_specs(config):
         learner = build_learner(spec.method, config.method, seed=config.seed, lm=config.model, budget=spec.budget)

@@ -1,0 +1,180 @@
+"""The round loop every run goes through (`pipeline.runner.run` starts it for each family): a family's pipeline
+(pipeline/features.py, pipeline/nsr.py, pipeline/lm.py) streams one round at a time, and the loop does what every
+run needs:
+
+* rounds: a visit of a task, or K batches when task-free (`plan_rounds`), each streamed by the family's pipeline
+  with a bound on the calls in flight;
+* fault replay: if an actor dies mid-round, every actor is brought back (Ray restarts it, or a new one is
+  started), all are restored to the state after the previous round and the round is replayed, so each sample
+  is learned exactly once and the result equals an uninterrupted run;
+* commit: the accuracy matrix (a row per visit ended; task-free: per evaluation point), dead letters
+  (`dead_letters/*.parquet`, rows that broke the Arrow contract, with their sample_id), the round log, wall time
+  per phase;
+* atomic checkpoints of every actor and of the run state after each round, and `--resume` from the last one;
+* the run folder: metrics.json and the report files.
+
+A round changes nothing of the run state (`RunState`) until it has completed; that is what makes it replayable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from memcl_ops import metrics as M
+from memcl_ops.data.sources import StreamInfo
+from memcl_ops.rounds import matrix_rows
+from pipeline import checkpoint, report
+from pipeline.actor_cache import is_fault
+from pipeline.config import ConfigError, RuntimeConfig
+from pipeline.progress import Progress, Reports
+from pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline
+from pipeline.tracking import TensorBoardLog
+
+log = logging.getLogger("memcl")
+
+RoundHook = Callable[[int, "RunState", "StreamPipeline"], None]  # called after each round is committed
+
+
+def new_run_dir(out: str, name: str) -> Path:
+    base = Path(out) / f"{time.strftime('%Y%m%d-%H%M%S')}-{name.replace(':', '_').replace('/', '_')}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            path, n = base.with_name(f"{base.name}-{n}"), n + 1
+
+
+def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig, bars: Progress, metrics: dict, *,
+           started: float, setup_seconds: float = 0.0, on_batch: BatchHook | None = None,
+           on_round: RoundHook | None = None) -> RunResult:
+    """Stream every round of `pipe` (after the last checkpoint of `run_dir` when `resumed`), then write the run's
+    metrics: `metrics` (what the caller knows: method, seed, ...) with the runner's and the family's."""
+    state = RunState()
+    ckpt_dir = run_dir / "checkpoints"
+    if resumed and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
+        path, parts, meta = found
+        unknown = meta.keys() - RunState.__dataclass_fields__.keys()
+        if unknown or parts.keys() - set(pipe.roles.names):
+            raise ConfigError(f"{path}: written by an older memcl (run state {sorted(unknown)}, roles "
+                              f"{sorted(parts)}); it cannot be resumed, start a new run")
+        pipe.roles.resume(parts, path)
+        state = RunState(**meta)
+        log.info("resumed from %s at round %d", path, state.next_round)
+    state.add_wall("setup", setup_seconds)
+    earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)
+    last_good = pipe.roles.state()  # what a fault rolls every actor back to
+    rounds = pipe.plan()
+    reports = Reports(bars, keep_losses=rt.tensorboard)  # the trainers report their epochs through it
+    board = TensorBoardLog(run_dir) if rt.tensorboard else None
+    for r in range(state.next_round, len(rounds)):
+        for attempt in range(rt.max_recoveries + 1):
+            try:
+                outcome = pipe.stream_round(rounds[r], state, reports, on_batch)
+                break
+            except Exception as err:
+                if not is_fault(err) or attempt == rt.max_recoveries:
+                    raise
+                log.warning("actor fault in round %d (%s); restoring and replaying it", r, type(err).__name__)
+                state.recoveries += 1
+                pipe.revive(last_good)
+        _commit_round(pipe, state, r, outcome, run_dir)
+        state.elapsed = earlier + time.perf_counter() - started
+        last_good = pipe.roles.state()
+        if rt.checkpoint:
+            t_ckpt = time.perf_counter()
+            checkpoint.write(ckpt_dir, r, last_good, state.to_json())
+            state.add_wall("checkpoint", time.perf_counter() - t_ckpt)
+        if on_round is not None:
+            on_round(r, state, pipe)
+        if board is not None:
+            board.round(state)
+    reports.close()
+    metrics.update(_run_metrics(pipe, state, earlier + time.perf_counter() - started))
+    metrics.update(pipe.finish(state))
+    report.write_run(run_dir, metrics)
+    if board is not None:
+        board.close(metrics)
+    metrics["run_dir"] = str(run_dir)
+    return RunResult.of(run_dir, metrics)
+
+
+def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundOutcome, run_dir: Path) -> None:
+    """Fold a completed round into the run state and write its dead letters."""
+    for phase, seconds in outcome.seconds.items():
+        state.add_wall(phase, seconds)
+    state.seen_tasks = outcome.seen
+    added = matrix_rows(outcome.accuracy, outcome.ended, len(pipe.info.task_classes), pipe.task_free)
+    state.acc_rows += added
+    state.rows += ([{"round": r, "visits_ended": outcome.ended}] * len(added) if pipe.task_free
+                   else [{"round": r, "visit": v} for v in outcome.ended])
+    dead = outcome.dead
+    if dead is not None and dead.num_rows:
+        (run_dir / "dead_letters").mkdir(exist_ok=True)
+        pq.write_table(dead, run_dir / "dead_letters" / f"round-{r:06d}.parquet")  # a replay overwrites, never adds
+        for reason, count in Counter(dead.column("reason").to_pylist()).items():
+            state.refused[reason] = state.refused.get(reason, 0) + count
+    evaluated = [a for a in outcome.accuracy.values() if not np.isnan(a)]
+    state.round_log.append({"round": r, "visits_ended": outcome.ended, "batches": outcome.batches,
+                            "accuracy": outcome.accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated
+                            else None, "memory": pipe.memory_report(), "seconds": outcome.seconds, **outcome.log,
+                            "refused": 0 if dead is None else dead.num_rows, "time": time.time()})
+    state.next_round = r + 1
+
+
+def first_visit_square(acc: np.ndarray, info: StreamInfo) -> np.ndarray:
+    """The T x T matrix of the rows after each task's first visit (what A_last, Ā, forgetting and BWT read)."""
+    first_rows = [info.visits.index(t) for t in range(len(info.task_classes)) if t in info.visits]
+    return acc[np.ix_(first_rows, list(range(len(first_rows))))] if first_rows else acc
+
+
+def learned_points(state: RunState, info: StreamInfo) -> list[int]:
+    """Per task, the first evaluation point (row) after its first visit had ended (task-free runs)."""
+    ended_in = {v: e["round"] for e in state.round_log for v in e["visits_ended"]}
+    last = len(state.rows) - 1
+    return [next((p for p, row in enumerate(state.rows) if row["round"] >= ended_in[info.visits.index(t)]), last)
+            if t in info.visits else last for t in range(len(info.task_classes))]
+
+
+def summary(pipe: StreamPipeline, state: RunState, acc: np.ndarray) -> dict:
+    """A_last, Ā, forgetting and BWT (docs/methods.md, "Metrics"; Ā and forgetting None where the matrix is
+    evaluated only in part), or {} while A_last's or BWT's entries are missing."""
+    if pipe.task_free:
+        complete = acc.size and not np.isnan(acc[-1]).any()
+        return M.Summary.over_points(acc, learned_points(state, pipe.info)).as_dict() if complete else {}
+    square = first_visit_square(acc, pipe.info)
+    return M.Summary.of(square).as_dict() if M.Summary.computable(square) else {}
+
+
+def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float) -> dict:
+    info = pipe.info
+    acc = np.array(state.acc_rows, dtype=np.float64).reshape(len(state.acc_rows), len(info.task_classes))
+    learned = pipe.learned_ids()
+    timings = pipe.roles.timings()
+    return {
+        "dataset": info.name,
+        "task_classes": info.task_classes,
+        "visits": info.visits,
+        "task_free": pipe.task_free,
+        "acc_matrix": acc.tolist(),
+        "rows": state.rows,
+        "summary": summary(pipe, state, acc),
+        "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size and not np.isnan(acc[-1]).all() else None,
+        "samples": {"stream": info.num_samples, "learned": len(learned), "unique_learned": len(np.unique(learned)),
+                    "refused": sum(state.refused.values()), "refused_by_reason": state.refused},
+        "memory_bytes": {k: v for k, v in pipe.memory_report().items() if k != "num_slots"},
+        "wall_seconds": {"total": wall, **state.wall},
+        "actor_busy_seconds": {f"{actor}.{stage}": v["seconds"] for actor, stages in timings.items()
+                               for stage, v in stages.items()},
+        "round_log": state.round_log,
+        "consolidations": len(state.round_log),
+        "recoveries": state.recoveries,
+    }
