@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from memcl.pipeline import runner
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.config import load_config
+from memcl.pipeline.roles import ensure_ray
 
-from pipeline import runner
-from pipeline.actor_cache import ActorCache
-from pipeline.config import load_config
-from pipeline.roles import ensure_ray
 from tests.integration.test_methods_pipeline import tiny
 
 WEIGHTS = (0.0, 0.3, 1.0)

@@ -11,13 +11,13 @@ import argparse
 
 import numpy as np
 import torch
+from memcl.pipeline.config import load_config
+from memcl.pipeline.suites import suite
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import DriftStream
 from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
-from pipeline.config import load_config
-from pipeline.suites import suite
 
 
 def run(weighting: str, seed: int) -> None:

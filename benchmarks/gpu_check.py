@@ -19,7 +19,7 @@ bracketed by torch.cuda.synchronize()):
     python benchmarks/gpu_check.py --tiny    # tiny encoders, LM and sizes, a few iterations (the CPU check)
     python benchmarks/gpu_check.py --only encoder lm   # some case groups: encoder, mars, lm, nsr
 
-On a lent GPU machine (no package registry there: its own python3 with torch, plus what benchmarks/gpu_site.sh
+On a GPU host without a package registry (its own python3 with torch, plus what benchmarks/gpu_site.sh
 packed here into .whl/gpu_site.tar.xz, carried along):
 
     tar -xJf .whl/gpu_site.tar.xz -C /tmp && PYTHONPATH=/tmp/gpu_site:$PWD python3 benchmarks/gpu_check.py
@@ -51,6 +51,9 @@ import numpy as np
 import pyarrow as pa
 import ray
 import torch
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.config import EncoderPoolConfig, RunConfig
+from memcl.pipeline.encoder_pool import EncoderPool
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.head_training import Stage2Config
@@ -65,9 +68,6 @@ from memcl_ops.models.causal_lm import SMOLLM2, CausalLM, LMSpec, LMUnavailable,
 from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.nsr.adapter import NSRConfig
 from memcl_ops.training import OptimConfig
-from pipeline.actor_cache import ActorCache
-from pipeline.config import EncoderPoolConfig, RunConfig
-from pipeline.encoder_pool import EncoderPool
 
 GROUPS = ("encoder", "mars", "lm", "nsr")
 

@@ -21,6 +21,8 @@ import time
 import numpy as np
 import torch
 import yaml
+from memcl.pipeline.config import RunConfig, load_config
+from memcl.pipeline.suites import suite
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
@@ -28,8 +30,6 @@ from memcl_ops.data.sources import DatasetStream, DriftStream, build_stream
 from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
 from memcl_ops.metrics import forgetting
-from pipeline.config import RunConfig, load_config
-from pipeline.suites import suite
 
 
 def cached_stream(config: RunConfig):

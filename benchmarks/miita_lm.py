@@ -20,9 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from pipeline import lm, runner
-from pipeline.actor_cache import ActorCache
-from pipeline.config import load_config
+from memcl.pipeline import lm, runner
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.config import load_config
 
 
 def markdown(metrics: dict, extra: dict[float, dict]) -> str:

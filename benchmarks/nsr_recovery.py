@@ -30,9 +30,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
-
-from pipeline import runner
-from pipeline.config import load_config
+from memcl.pipeline import runner
+from memcl.pipeline.config import load_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "pipeline" / "configs" / "nsr-bbc-cyclic.yaml"
 ALLOCATIONS = ("bank", "fresh", "keep")

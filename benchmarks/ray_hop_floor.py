@@ -3,7 +3,7 @@ machine: the floor under any memcl chain of that many hops.
 
 The batches are the cheap-encoder and cached-feature cases of `memcl bench throughput` (256 rows of 64-d and of
 1280-d float32 features); each chain is timed `--repeats` times, alternating the hop counts, and the median is
-printed. Uses `pipeline.throughput.ray_floor`, the same measurement as the throughput bench's floor columns.
+printed. Uses `memcl.pipeline.throughput.ray_floor`, the same measurement as the throughput bench's floor columns.
 
     python -m benchmarks.ray_hop_floor [--batches 100] [--repeats 3]
 """
@@ -14,11 +14,11 @@ import argparse
 
 import numpy as np
 import ray
+from memcl.pipeline.config import load_config
+from memcl.pipeline.roles import ensure_ray
+from memcl.pipeline.throughput import ray_floor
 
 from memcl_ops.arrow import schema as S
-from pipeline.config import load_config
-from pipeline.roles import ensure_ray
-from pipeline.throughput import ray_floor
 
 
 def feature_batches(count: int, rows: int, dim: int) -> list:

@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    from pipeline.config import ConfigError
+    from memcl.pipeline.config import ConfigError
 
     out = {}
     for item in args.set or []:
@@ -33,8 +33,8 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipeline import runner
-    from pipeline.config import load_config
+    from memcl.pipeline import runner
+    from memcl.pipeline.config import load_config
 
     if args.resume:
         return _report(runner.run(resume=Path(args.resume)))
@@ -42,8 +42,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_lm(args: argparse.Namespace) -> int:
-    from pipeline import lm, runner
-    from pipeline.config import load_config
+    from memcl.pipeline import lm, runner
+    from memcl.pipeline.config import load_config
 
     if args.resume:
         return _report(runner.run(resume=Path(args.resume)))
@@ -53,7 +53,7 @@ def cmd_lm(args: argparse.Namespace) -> int:
 def _report(result) -> int:
     """Print a finished run's tables and folder (a `memcl lm` run's too, whichever command resumed it); a run that
     learned nothing is a failed run, whatever it wrote."""
-    from pipeline import lm, report
+    from memcl.pipeline import lm, report
 
     if isinstance(result, lm.LMResult):
         print(lm.summary_table(result.metrics))
@@ -75,7 +75,7 @@ def _report(result) -> int:
 
 
 def cmd_stress(args: argparse.Namespace) -> int:
-    from pipeline.stress import compare, table
+    from memcl.pipeline.stress import compare, table
 
     results = compare(args.tasks, args.task_free, _overrides(args), args.signals.split(","))
     first = results[0]
@@ -94,12 +94,12 @@ def cmd_stress(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pipeline import preflight, report
+    from memcl.pipeline import preflight, report
 
     run_dir = preflight.run_folder(args.run_dir, "metrics.json")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     if "runs" in metrics:  # a `memcl lm` folder: several runs side by side
-        from pipeline import lm
+        from memcl.pipeline import lm
 
         lm.render_lm(run_dir, metrics)
         print(lm.summary_table(metrics))
@@ -111,8 +111,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "throughput":
-        from pipeline.config import ConfigError
-        from pipeline.throughput import default_cases, table, throughput
+        from memcl.pipeline.config import ConfigError
+        from memcl.pipeline.throughput import default_cases, table, throughput
 
         cases = default_cases()
         if args.cases:
@@ -127,7 +127,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(table(rows, stage_rows))
         print(f"throughput.csv, stages.csv and throughput.png: {Path(args.bench_out) / 'throughput'}")
         return 0
-    from pipeline import bench, preflight
+    from memcl.pipeline import bench, preflight
 
     folder = Path(args.bench_out) / args.suite
     if args.render:
@@ -158,7 +158,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 for name, e in DATASETS.items()]
         rows += [(name, payload, summary) for name, payload, summary in OWN_DATA]
     elif args.what == "suites":
-        from pipeline.suites import SUITES
+        from memcl.pipeline.suites import SUITES
 
         rows = [(name, "bench", s.summary) for name, s in SUITES.items()]
     else:
@@ -180,10 +180,10 @@ OWN_DATA = [  # the data sources that are not a fixed dataset (memcl_ops/data/so
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from pipeline.config import describe, load_config
+    from memcl.pipeline.config import describe, load_config
 
     if args.lm:
-        from pipeline.lm import LMRunConfig
+        from memcl.pipeline.lm import LMRunConfig
 
         config = load_config(args.config, _overrides(args), cls=LMRunConfig)
     else:
@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `memcl run` or `memcl lm`")
     rep.set_defaults(func=cmd_report)
 
-    from pipeline.suites import SUITES
+    from memcl.pipeline.suites import SUITES
 
     ben = command("bench", "every method side by side on one stream (suites: " + ", ".join(SUITES) + ")")
     ben.add_argument("suite", choices=[*sorted(SUITES), "throughput"],
@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from pipeline.errors import RunInterrupted, one_line
+    from memcl.pipeline.errors import RunInterrupted, one_line
 
     try:
         return args.func(args)

@@ -8,8 +8,7 @@ from pathlib import Path
 import jsonschema
 import ray
 import yaml
-
-from pipeline.config import RunConfig
+from memcl.pipeline.config import RunConfig
 
 
 def launcher_schema() -> dict:

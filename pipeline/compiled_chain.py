@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import ray
+from memcl.pipeline.executors import GraphBinding
 from ray.dag import DAGContext, InputNode, MultiOutputNode
 from ray.dag.context import DEFAULT_BUFFER_SIZE_BYTES
 
 from memcl_ops.roles.features import FeatureFlow
-from pipeline.executors import GraphBinding
 
 Handle = ray.actor.ActorHandle
 

@@ -9,10 +9,9 @@ batches in `sample_id` order whichever replica finishes first.
 from __future__ import annotations
 
 import ray
-
-from actors.encoder import Encoder
-from pipeline.actor_cache import ActorCache
-from pipeline.config import RunConfig
+from memcl.actors.encoder import Encoder
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.config import RunConfig
 
 
 class EncoderPool:

@@ -22,25 +22,25 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 import ray
+from memcl.actors.memory_manager import MemoryManager
+from memcl.actors.novelty_monitor import NoveltyMonitor
+from memcl.actors.stage1_trainer import Stage1Trainer
+from memcl.actors.stage2_trainer import Stage2Trainer
+from memcl.pipeline import checkpoint, preflight
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.compiled_chain import ChainActors, CompiledChain
+from memcl.pipeline.config import RunConfig
+from memcl.pipeline.encoder_pool import EncoderPool
+from memcl.pipeline.executors import ActorCalls
+from memcl.pipeline.progress import InFlight, Progress, Reports
+from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensure_ray, stream_source
 
-from actors.memory_manager import MemoryManager
-from actors.novelty_monitor import NoveltyMonitor
-from actors.stage1_trainer import Stage1Trainer
-from actors.stage2_trainer import Stage2Trainer
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.roles.features import FeatureFlow, role_plan
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds, seen_after
 from memcl_ops.spec import MethodSpec
-from pipeline import checkpoint, preflight
-from pipeline.actor_cache import ActorCache
-from pipeline.compiled_chain import ChainActors, CompiledChain
-from pipeline.config import RunConfig
-from pipeline.encoder_pool import EncoderPool
-from pipeline.executors import ActorCalls
-from pipeline.progress import InFlight, Progress, Reports
-from pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensure_ray, stream_source
 
 log = logging.getLogger("memcl")
 

@@ -1,6 +1,6 @@
 """`memcl lm`: continual learning of (instruction -> short answer) tasks with a frozen small LM, the "lm"
 methods side by side on one task stream, the memory methods at each byte budget (docs/methods.md, "MIITA").
-`pipeline.runner.run` of an `LMRunConfig` runs each (method, budget) through the one round loop (pipeline/loop.py:
+`memcl.pipeline.runner.run` of an `LMRunConfig` runs each (method, budget) through the one round loop (pipeline/loop.py:
 fault replay, checkpoints, `--resume`), one round per task, through Arrow batches and actors:
 
     text pairs ──> LMEncoder.extract ──> (key, R_m) ──> MemoryManager.write_prototypes     (miita)
@@ -33,10 +33,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import ray
+from memcl.actors.lm_encoder import LMEncoder
+from memcl.actors.lm_trainer import LMTrainer
+from memcl.actors.memory_manager import MemoryManager
+from memcl.pipeline import checkpoint, report
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.config import ConfigError, RuntimeConfig, dump_config
+from memcl.pipeline.errors import RunInterrupted
+from memcl.pipeline.executors import ActorCalls
+from memcl.pipeline.loop import new_run_dir, stream
+from memcl.pipeline.progress import InFlight, Progress, Reports
+from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
 
-from actors.lm_encoder import LMEncoder
-from actors.lm_trainer import LMTrainer
-from actors.memory_manager import MemoryManager
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream, task_batches
@@ -46,14 +54,6 @@ from memcl_ops.methods import family_methods, lm_method
 from memcl_ops.models.causal_lm import LMSpec, check_lm_name
 from memcl_ops.roles.lm import LMFlow
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds
-from pipeline import checkpoint, report
-from pipeline.actor_cache import ActorCache
-from pipeline.config import ConfigError, RuntimeConfig, dump_config
-from pipeline.errors import RunInterrupted
-from pipeline.executors import ActorCalls
-from pipeline.loop import new_run_dir, stream
-from pipeline.progress import InFlight, Progress, Reports
-from pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
 
 SCORES = ("exact", "first_word", "label_restricted", "rouge_l")  # per answer: memcl_ops/data/lm_tasks.py
 QUERY_COST = ("prompt_tokens", "ms_per_query")
@@ -306,7 +306,7 @@ class LMResult:
 def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bool = False,
                 progress: bool | None = None, actors: ActorCache | None = None,
                 on_batch: BatchHook | None = None) -> LMResult:
-    """What `pipeline.runner.run` does with an `LMRunConfig`: every method (and budget) of `config` over its task
+    """What `memcl.pipeline.runner.run` does with an `LMRunConfig`: every method (and budget) of `config` over its task
     stream, each through the one round loop (`resumed`: continue the runs of `run_dir`). `actors`: reuse the
     actors of earlier runs (they are reset); by default they are killed after."""
     try:  # before Ray starts: a bad config fails at once, with one line

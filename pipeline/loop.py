@@ -1,4 +1,4 @@
-"""The round loop every run goes through (`pipeline.runner.run` starts it for each family): a family's pipeline
+"""The round loop every run goes through (`memcl.pipeline.runner.run` starts it for each family): a family's pipeline
 (pipeline/features.py, pipeline/nsr.py, pipeline/lm.py) streams one round at a time, and the loop does what every
 run needs:
 
@@ -26,16 +26,16 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from memcl.pipeline import checkpoint, report
+from memcl.pipeline.actor_cache import is_fault
+from memcl.pipeline.config import ConfigError, RuntimeConfig
+from memcl.pipeline.progress import Progress, Reports
+from memcl.pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline
+from memcl.pipeline.tracking import TensorBoardLog
 
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.rounds import matrix_rows
-from pipeline import checkpoint, report
-from pipeline.actor_cache import is_fault
-from pipeline.config import ConfigError, RuntimeConfig
-from pipeline.progress import Progress, Reports
-from pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline
-from pipeline.tracking import TensorBoardLog
 
 log = logging.getLogger("memcl")
 

@@ -21,20 +21,20 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 import ray
+from memcl.actors.adapter_trainer import AdapterTrainer
+from memcl.actors.memory_manager import MemoryManager
+from memcl.pipeline import checkpoint
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.config import RunConfig
+from memcl.pipeline.executors import ActorCalls
+from memcl.pipeline.progress import InFlight, Reports
+from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
 
-from actors.adapter_trainer import AdapterTrainer
-from actors.memory_manager import MemoryManager
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
 from memcl_ops.nsr.adapter import probe_full
 from memcl_ops.roles.nsr import NSRFlow, nsr_stores
 from memcl_ops.rounds import RoundBatches, plan_rounds
-from pipeline import checkpoint
-from pipeline.actor_cache import ActorCache
-from pipeline.config import RunConfig
-from pipeline.executors import ActorCalls
-from pipeline.progress import InFlight, Reports
-from pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
 
 
 class NSRPipeline:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from memcl.pipeline.config import ConfigError, RunConfig
+
 from memcl_ops.data.datasets import DatasetUnavailable
 from memcl_ops.data.sources import check_source
 from memcl_ops.methods import METHODS
 from memcl_ops.models.encoders import ENCODER_NAMES, is_encoder_name
 from memcl_ops.spec import MethodSpec
-from pipeline.config import ConfigError, RunConfig
 
 
 def method(name: str) -> MethodSpec:

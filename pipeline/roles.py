@@ -14,16 +14,16 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 import ray
+from memcl.actors.stream_source import StreamSource
+from memcl.pipeline import checkpoint
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.config import ConfigError, RunConfig
+from memcl.pipeline.progress import Reports
 from ray import exceptions as rex
 
-from actors.stream_source import StreamSource
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.rounds import RoundBatches
-from pipeline import checkpoint
-from pipeline.actor_cache import ActorCache
-from pipeline.config import ConfigError, RunConfig
-from pipeline.progress import Reports
 
 BatchHook = Callable[[int, int], None]  # called with (visit, batch index) after each batch is submitted
 

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import ray
 import yaml
+from memcl.pipeline import preflight
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.config import RunConfig, dump_config, load_config
+from memcl.pipeline.errors import RunInterrupted
+from memcl.pipeline.features import FeaturePipeline
+from memcl.pipeline.lm import LMResult, LMRunConfig, run_methods
+from memcl.pipeline.loop import RoundHook, new_run_dir, stream
+from memcl.pipeline.nsr import NSRPipeline
+from memcl.pipeline.progress import Progress
+from memcl.pipeline.roles import BatchHook, RunResult, StreamPipeline, ensure_ray, stream_source
 
 from memcl_ops.data.sources import StreamInfo
-from pipeline import preflight
-from pipeline.actor_cache import ActorCache
-from pipeline.config import RunConfig, dump_config, load_config
-from pipeline.errors import RunInterrupted
-from pipeline.features import FeaturePipeline
-from pipeline.lm import LMResult, LMRunConfig, run_methods
-from pipeline.loop import RoundHook, new_run_dir, stream
-from pipeline.nsr import NSRPipeline
-from pipeline.progress import Progress
-from pipeline.roles import BatchHook, RunResult, StreamPipeline, ensure_ray, stream_source
 
 
 def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,

@@ -26,12 +26,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import psutil
 import ray
+from memcl.pipeline import preflight, runner
+from memcl.pipeline.config import RunConfig, load_config
+from memcl.pipeline.features import FeaturePipeline
+from memcl.pipeline.roles import ensure_ray
 
 from memcl_ops.rounds import plan_rounds
-from pipeline import preflight, runner
-from pipeline.config import RunConfig, load_config
-from pipeline.features import FeaturePipeline
-from pipeline.roles import ensure_ray
 
 ALPHA = 0.05  # SGSE's per-test false-expansion bound
 DETECTION_BLOCKS = 3  # a novel event counts as detected if a test within this many blocks of its start expands

@@ -32,6 +32,12 @@ import psutil
 import pyarrow as pa
 import ray
 import torch
+from memcl.pipeline import runner
+from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.compiled_chain import size_channels
+from memcl.pipeline.config import RuntimeConfig, load_config
+from memcl.pipeline.progress import InFlight, Progress
+from memcl.pipeline.roles import ensure_ray
 from ray.dag import InputNode
 
 from memcl_ops.arrow import schema as S
@@ -40,12 +46,6 @@ from memcl_ops.data.datasets import Dataset, load_fashion_mnist
 from memcl_ops.learners import build_learner
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.models.encoders import Encoder, EncoderSpec, build_encoder
-from pipeline import runner
-from pipeline.actor_cache import ActorCache
-from pipeline.compiled_chain import size_channels
-from pipeline.config import RuntimeConfig, load_config
-from pipeline.progress import InFlight, Progress
-from pipeline.roles import ensure_ray
 
 CORES = 2  # the machine this is measured on; encoder threads are split between replicas
 TRANSPORTS = ("actors", "compiled")

@@ -21,7 +21,7 @@ def ray_session():
 @pytest.fixture(scope="module")
 def actors(ray_session):
     """Pipeline actors shared by the runs of one test module (reset between runs, killed at the end)."""
-    from pipeline.actor_cache import ActorCache
+    from memcl.pipeline.actor_cache import ActorCache
 
     cache = ActorCache()
     yield cache

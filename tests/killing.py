@@ -26,7 +26,7 @@ def killer(actors, role: str, at: tuple[int, int], restart: bool):
 def memcl(*args, **kwargs) -> subprocess.Popen:
     """`memcl ARGS` in a new driver process, its output (stdout and stderr) on a pipe."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "memcl.pipeline.cli", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kwargs)
 
 

@@ -3,9 +3,9 @@
 such handles. Handles may be passed on as arguments to the next call, so a flow never waits where it need not.
 
 * `InProcess` (here): the roles are plain objects in this process; a call runs at once and its handle is the value.
-* `pipeline.executors.ActorCalls`: each role is an actor; a call is `handle.method.remote(...)`, a handle an
+* `memcl.pipeline.executors.ActorCalls`: each role is an actor; a call is `handle.method.remote(...)`, a handle an
   object reference, `get` is `ray.get`.
-* `pipeline.executors.GraphBinding`: each role is an actor of a Ray Compiled Graph; a call is `.bind(...)`, which
+* `memcl.pipeline.executors.GraphBinding`: each role is an actor of a Ray Compiled Graph; a call is `.bind(...)`, which
   wires the flow once into the graph (pipeline/compiled_chain.py).
 """
 

@@ -8,10 +8,9 @@ import json
 import sys
 
 import ray
+from memcl.pipeline import runner
+from memcl.pipeline.config import load_config
 from ray.cluster_utils import Cluster
-
-from pipeline import runner
-from pipeline.config import load_config
 
 OUT = sys.argv[1]
 COMMON = {"data.dataset": "digits", "stream.tasks": 5, "stream.batch_size": 30, "stream.train_per_class": 30,

@@ -8,10 +8,10 @@ import pytest
 import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memcl.pipeline import runner
+from memcl.pipeline.config import load_config
 
 from memcl_ops.arrow import schema as S
-from pipeline import runner
-from pipeline.config import load_config
 from tests.malformed import DIM, LABELS, feature_batches
 
 pytestmark = pytest.mark.ray

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from pipeline import runner
+from memcl.pipeline import runner
 
 pytestmark = pytest.mark.ray
 
@@ -27,7 +26,7 @@ def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(actors, tmp_path):
     # a new process group, signalled as a terminal signals the foreground group on Ctrl-C. SIGINT's default is
     # restored first: a shell without job control starts background jobs with SIGINT ignored, and Python then
     # installs no KeyboardInterrupt handler, so a test suite run in the background would see the run finish instead.
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "memcl.pipeline.cli", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240

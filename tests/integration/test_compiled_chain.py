@@ -7,10 +7,10 @@ import threading
 
 import numpy as np
 import pytest
+from memcl.pipeline import runner
+from memcl.pipeline.config import load_config
 
 from memcl_ops.methods import METHODS
-from pipeline import runner
-from pipeline.config import load_config
 
 pytestmark = pytest.mark.ray
 
@@ -48,7 +48,7 @@ def test_compiled_chain_gives_the_classic_run(actors, tmp_path, case):
     np.testing.assert_array_equal(np.array(compiled["acc_matrix"]), np.array(classic["acc_matrix"]))
     assert compiled["slots"]["history"] == classic["slots"]["history"]
     if METHODS[extra.get("method.name", "mars")].fixed.get("sgse", {}).get("signal") == "reference":
-        # SGSE's reference signal adds slots mid-stream on this stream (the paper's signal does not): batches were
+        # SGSE's reference signal adds slots mid-stream on this stream (the MARS paper's signal does not): batches were
         # routed after expansions, across replicas and past an empty place
         assert classic["slots"]["history"][-1][1] > classic["slots"]["history"][0][1]
     assert compiled["samples"] == classic["samples"]

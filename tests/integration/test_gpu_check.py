@@ -1,5 +1,5 @@
-"""benchmarks/gpu_check.py in its tiny mode on the CPU: every path it times runs here first, so the first call on a
-lent GPU machine measures instead of failing."""
+"""benchmarks/gpu_check.py in its tiny mode on the CPU: every path it times runs here first, so the first run on a
+GPU measures instead of failing."""
 
 from __future__ import annotations
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from memcl.pipeline.config import RuntimeConfig, dump_config
+from memcl.pipeline.lm import LMRunConfig, run_specs
+from memcl.pipeline.runner import run
 
 from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.miita.directions import AdaptConfig
 from memcl_ops.models.causal_lm import LMSpec
-from pipeline.config import RuntimeConfig, dump_config
-from pipeline.lm import LMRunConfig, run_specs
-from pipeline.runner import run
 from tests.killing import kill_driver_at_checkpoint, killer
 
 pytestmark = pytest.mark.ray
@@ -68,7 +68,7 @@ def test_memory_methods_stay_within_their_budget_after_every_task(zero_step):
     for run_name in ("miita@256B", "miita-paper@256B"):
         miita = zero_step["runs"][run_name]["log"]
         assert sum(entry["learned"]["new"] + entry["learned"]["merged"] for entry in miita) == 18  # every pair written
-    # the paper's fp16 prototypes outgrow 256 bytes, so repair worked (the position-aware repair: test_miita_answers)
+    # the MIITA paper's fp16 prototypes outgrow 256 bytes, so repair worked (position-aware repair: test_miita_answers)
     assert sum(entry["learned"]["repairs"] for entry in zero_step["runs"]["miita-paper@256B"]["log"]) > 0
 
 

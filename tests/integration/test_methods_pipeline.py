@@ -6,10 +6,10 @@ import csv
 
 import numpy as np
 import pytest
+from memcl.pipeline import bench, checkpoint, runner
+from memcl.pipeline.config import load_config
 
 from memcl_ops.methods import METHODS, family_methods
-from pipeline import bench, checkpoint, runner
-from pipeline.config import load_config
 
 pytestmark = pytest.mark.ray
 

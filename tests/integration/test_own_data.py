@@ -5,11 +5,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from memcl.pipeline import cli, runner
+from memcl.pipeline.config import load_config
 from PIL import Image
 
 from memcl_ops.arrow import schema as S
-from pipeline import cli, runner
-from pipeline.config import load_config
 
 pytestmark = pytest.mark.ray
 

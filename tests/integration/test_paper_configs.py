@@ -7,21 +7,21 @@ alone costs tens of seconds on a busy 2-core machine)."""
 import json
 from pathlib import Path
 
+import memcl.pipeline
 import numpy as np
 import pytest
 import torch
+from memcl.pipeline import runner
+from memcl.pipeline.config import load_config
 from PIL import Image
 
-import pipeline
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.datasets import DatasetUnavailable, load_dataset
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.streams import make_plan
 from memcl_ops.models.encoders import build_encoder
-from pipeline import runner
-from pipeline.config import load_config
 
-CONFIGS = Path(pipeline.__file__).parent / "configs"
+CONFIGS = Path(memcl.pipeline.__file__).parent / "configs"
 PAPER = ["cifar100-10", "tinyimagenet-10"]
 CLASSES, TRAIN, TEST, EMBED = 20, 3, 2, 16
 

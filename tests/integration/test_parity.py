@@ -12,6 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from memcl.pipeline import checkpoint, runner
+from memcl.pipeline.config import RuntimeConfig, load_config
+from memcl.pipeline.lm import LMRunConfig, run_specs
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, task_batches
@@ -22,9 +25,6 @@ from memcl_ops.methods import family_methods
 from memcl_ops.models.causal_lm import LMSpec
 from memcl_ops.roles.stream_source import StreamSource
 from memcl_ops.rounds import Schedule, plan_rounds, stream_in_process
-from pipeline import checkpoint, runner
-from pipeline.config import RuntimeConfig, load_config
-from pipeline.lm import LMRunConfig, run_specs
 
 pytestmark = pytest.mark.ray
 

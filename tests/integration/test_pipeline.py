@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from memcl.pipeline import checkpoint, report, runner
+from memcl.pipeline.config import ConfigError, load_config
 
 from memcl_ops import metrics as metrics_lib
-from pipeline import checkpoint, report, runner
-from pipeline.config import ConfigError, load_config
 from tests.killing import kill_driver_at_checkpoint, memcl
 
 pytestmark = pytest.mark.ray
@@ -76,7 +76,7 @@ def test_killed_driver_resumes_to_the_same_accuracy_matrix(actors, tmp_path):
 
     config_path = tmp_path / "killed.yaml"
     cfg = synthetic(tmp_path / "killed", **slow)
-    from pipeline.config import dump_config
+    from memcl.pipeline.config import dump_config
 
     dump_config(cfg, config_path)
     run_dir = kill_driver_at_checkpoint(["run", "--config", str(config_path), "--set", "runtime.num_cpus=1"],

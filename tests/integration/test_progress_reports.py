@@ -3,17 +3,17 @@
 import numpy as np
 import pytest
 import ray
+from memcl.actors.stage1_trainer import Stage1Trainer
+from memcl.actors.stage2_trainer import Stage2Trainer
+from memcl.pipeline.progress import Progress, Reports
 from ray.util.queue import Queue
 
-from actors.stage1_trainer import Stage1Trainer
-from actors.stage2_trainer import Stage2Trainer
 from memcl_ops.arrow import schema as S
 from memcl_ops.head_training import Stage2Config
 from memcl_ops.mars.dcda import Stage1Config
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.training import OptimConfig
-from pipeline.progress import Progress, Reports
 
 pytestmark = pytest.mark.ray
 

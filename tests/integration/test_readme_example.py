@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from pipeline import cli
+from memcl.pipeline import cli
 
 pytestmark = pytest.mark.ray
 

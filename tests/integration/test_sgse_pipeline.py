@@ -4,9 +4,9 @@ survive the monitor's death mid-visit (restored and replayed like every other ac
 
 import numpy as np
 import pytest
+from memcl.pipeline import runner
+from memcl.pipeline.config import load_config
 
-from pipeline import runner
-from pipeline.config import load_config
 from tests.killing import killer
 
 pytestmark = pytest.mark.ray

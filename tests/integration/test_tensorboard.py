@@ -2,10 +2,9 @@
 back the scalars the run's metrics hold."""
 
 import pytest
+from memcl.pipeline import runner
+from memcl.pipeline.config import load_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from pipeline import runner
-from pipeline.config import load_config
 
 pytestmark = pytest.mark.ray
 

@@ -1,13 +1,12 @@
 """Long horizon through the real actor pipeline (run with `pytest -m stress`): memory stays bounded, every sample is
-learned exactly once, and SGSE keeps its guarantees with the reference signal (the paper's signal does not on
+learned exactly once, and SGSE keeps its guarantees with the reference signal (the MARS paper's signal does not on
 recurring tasks: kept as a measured expected failure)."""
 
 import csv
 from pathlib import Path
 
 import pytest
-
-from pipeline.stress import stress
+from memcl.pipeline.stress import stress
 
 pytestmark = [pytest.mark.stress, pytest.mark.ray]
 
@@ -44,7 +43,7 @@ def test_reference_signal_keeps_the_bound_the_level_and_detects_every_novel_even
     assert novelty["detection_rate"] >= 0.95, novelty
 
 
-@pytest.mark.xfail(strict=True, reason="the paper's confidence signal breaks SGSE's bound on recurring tasks "
+@pytest.mark.xfail(strict=True, reason="the MARS paper's confidence signal breaks SGSE's bound on recurring tasks "
                                        "(benchmarks/RESULTS.md, 'Long horizon'; docs/methods.md, SGSE)")
 def test_paper_signal_keeps_the_bound(paper_run):
     slots = paper_run["slots"]

@@ -2,11 +2,11 @@
 (A real shrunken bench runs through the actors in tests/integration/test_methods_pipeline.py.)"""
 
 import pytest
+from memcl.pipeline import bench
+from memcl.pipeline.config import load_config
+from memcl.pipeline.suites import SUITES, suite
 
 from memcl_ops.methods import METHODS, family_methods
-from pipeline import bench
-from pipeline.config import load_config
-from pipeline.suites import SUITES, suite
 
 
 def row(method, a_last, seed=0):

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
-
-from pipeline import checkpoint
+from memcl.pipeline import checkpoint
 
 
 def _parts(value):

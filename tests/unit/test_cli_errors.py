@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Runs each argv through `memcl`'s main in one interpreter (imports cost seconds; each error must not).
 PROBE = """
 import contextlib, io, json, sys, time
-from pipeline import cli
+from memcl.pipeline import cli
 out = []
 for argv in json.loads(sys.argv[1]):
     err = io.StringIO()
@@ -74,14 +74,14 @@ def test_user_error_is_one_line_and_no_ray(results, case):
 
 
 def test_debug_shows_the_traceback():
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--debug", "--set", "method.name=foo"],
+    proc = subprocess.run([sys.executable, "-m", "memcl.pipeline.cli", "run", "--debug", "--set", "method.name=foo"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "ConfigError" in proc.stderr
 
 
 def test_help_is_complete():
-    from pipeline.cli import build_parser
+    from memcl.pipeline.cli import build_parser
 
     parser = build_parser()
     top = parser.format_help()
@@ -97,9 +97,8 @@ def test_help_is_complete():
 
 def test_config_show_loads_back_to_the_default_and_documents_keys(capsys):
     import yaml
-
-    from pipeline.cli import main
-    from pipeline.config import RunConfig, to_dict
+    from memcl.pipeline.cli import main
+    from memcl.pipeline.config import RunConfig, to_dict
 
     assert main(["config", "--show", "--set", "stream.tasks=2"]) == 0
     text = capsys.readouterr().out
@@ -113,8 +112,9 @@ def test_config_show_loads_back_to_the_default_and_documents_keys(capsys):
                                             ("datasets", ["fashion-mnist", "arrow:<folder>", "bbc-news"]),
                                             ("suites", ["fmnist-5x2", "bbc-text"])])
 def test_list(capsys, what, expected):
+    from memcl.pipeline.cli import main
+
     from memcl_ops.methods import METHODS
-    from pipeline.cli import main
 
     assert main(["list", what]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]

@@ -3,8 +3,8 @@
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.cluster import check_cluster, load_cluster
-from pipeline.config import load_config
+from memcl.pipeline.cluster import check_cluster, load_cluster
+from memcl.pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,13 +16,19 @@ def test_memcl_ops_never_imports_ray():
     assert len(modules) >= 6
 
 
+# each top-level folder of the project and the package name it installs as (pyproject.toml's package-dir)
+INSTALLED_AS = {"memcl": ("memcl",), "memcl_ops": ("memcl_ops",), "pipeline": ("memcl", "pipeline"),
+                "actors": ("memcl", "actors")}
+
+
 def project_imports(root) -> dict[str, set[str]]:
     """Module -> the project modules it imports, at any depth of its code (a function's local import counts: it is
     how circles used to hide), for the installed packages."""
     import ast
 
-    files = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
-             for package in ("memcl", "memcl_ops", "pipeline", "actors") for p in (root / package).rglob("*.py")}
+    files = {".".join((*INSTALLED_AS[package], *p.relative_to(root / package).with_suffix("").parts)
+                      ).removesuffix(".__init__"): p
+             for package in INSTALLED_AS for p in (root / package).rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -76,7 +82,7 @@ def test_no_import_circle_among_the_projects_modules():
     from pathlib import Path
 
     graph = project_imports(Path(__file__).resolve().parents[2])
-    assert len(graph) > 60 and graph["pipeline.runner"] >= {"pipeline.features", "pipeline.nsr"}
+    assert len(graph) > 60 and graph["memcl.pipeline.runner"] >= {"memcl.pipeline.features", "memcl.pipeline.nsr"}
     assert circles(graph) == []
 
 
@@ -86,5 +92,21 @@ def test_the_circle_check_finds_a_circle_hidden_in_a_function(tmp_path):
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "memcl_ops" / "a.py").write_text("from memcl_ops import b\n")
     (tmp_path / "memcl_ops" / "b.py").write_text("def f():\n    from memcl_ops.a import f\n")
-    (tmp_path / "pipeline" / "c.py").write_text("from memcl_ops.a import x\n")
-    assert circles(project_imports(tmp_path)) == [["memcl_ops.a", "memcl_ops.b"]]
+    (tmp_path / "pipeline" / "c.py").write_text("from memcl_ops.a import x\nfrom memcl.actors import d\n")
+    (tmp_path / "actors" / "d.py").write_text("def f():\n    from memcl.pipeline.c import g\n")
+    found = sorted(circles(project_imports(tmp_path)))
+    assert found == [["memcl.actors.d", "memcl.pipeline.c"], ["memcl_ops.a", "memcl_ops.b"]]
+
+
+def test_every_package_folder_installs_and_nothing_installs_as_plain_pipeline_or_actors():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {".".join((*INSTALLED_AS[p.relative_to(root).parts[0]], *p.parent.relative_to(
+        root / p.relative_to(root).parts[0]).parts)) for package in INSTALLED_AS
+        for p in (root / package).rglob("__init__.py")}
+    assert set(setup["packages"]) == folders
+    assert {name.split(".")[0] for name in setup["packages"]} == {"memcl", "memcl_ops"}
+    assert setup["package-dir"] == {"memcl.pipeline": "pipeline", "memcl.actors": "actors"}

@@ -1,6 +1,6 @@
 """Progress in a log (stderr no terminal): one plain line per finished bar, never tqdm's redraws."""
 
-from pipeline.progress import Progress
+from memcl.pipeline.progress import Progress
 
 
 def test_a_bar_in_a_log_is_one_line_when_done(capsys):

@@ -5,8 +5,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-
-from pipeline import report
+from memcl.pipeline import report
 
 
 def test_accuracy_axis_spans_the_values_and_ticks_whole_visits():
