@@ -2,7 +2,7 @@
 tests/integration/test_methods_pipeline.py (4 tasks of 2 synthetic classes, 5 stage-2 epochs, 4 slots; seed 0):
 the plasticity the anchor CE costs where a task gets few epochs.
 
-    python -m benchmarks.anchor_ce_short_stream     # from the repository root: mars and mars-reference at 0, 0.3, 1
+    python -m benchmarks.anchor_ce_short_stream     # from the repository root: mars and mars-paper-signal at 0, 0.3, 1
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from memcl.pipeline import runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import load_config
 from memcl.pipeline.roles import ensure_ray
-
 from tests.integration.test_methods_pipeline import tiny
 
 WEIGHTS = (0.0, 0.3, 1.0)
@@ -28,7 +28,7 @@ def main() -> None:
     print("| method | lambda_anchor_ce | diagonal (each task right after its visit) | last row |")
     print("|---|---|---|---|")
     try:
-        for name in ("mars", "mars-reference"):
+        for name in ("mars", "mars-paper-signal"):
             for weight in WEIGHTS:
                 with tempfile.TemporaryDirectory() as folder:
                     config = tiny(Path(folder), name)

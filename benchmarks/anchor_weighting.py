@@ -11,9 +11,9 @@ import argparse
 
 import numpy as np
 import torch
+
 from memcl.pipeline.config import load_config
 from memcl.pipeline.suites import suite
-
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import DriftStream
 from memcl_ops.learner import Round

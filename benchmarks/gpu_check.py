@@ -51,10 +51,10 @@ import numpy as np
 import pyarrow as pa
 import ray
 import torch
+
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import EncoderPoolConfig, RunConfig
 from memcl.pipeline.encoder_pool import EncoderPool
-
 from memcl_ops.arrow import schema as S
 from memcl_ops.head_training import Stage2Config
 from memcl_ops.learner import Round

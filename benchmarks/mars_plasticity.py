@@ -21,9 +21,9 @@ import time
 import numpy as np
 import torch
 import yaml
+
 from memcl.pipeline.config import RunConfig, load_config
 from memcl.pipeline.suites import suite
-
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import DatasetStream, DriftStream, build_stream

@@ -31,10 +31,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
+
 from memcl.pipeline import lm, runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RuntimeConfig
-
 from memcl_ops.data import superni
 from memcl_ops.data.lm_tasks import PARTLY_CAPABLE, LMStreamSpec
 from memcl_ops.miita.directions import prototype_bytes

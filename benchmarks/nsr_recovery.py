@@ -30,6 +30,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
+
 from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
 

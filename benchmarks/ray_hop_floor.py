@@ -14,10 +14,10 @@ import argparse
 
 import numpy as np
 import ray
+
 from memcl.pipeline.config import load_config
 from memcl.pipeline.roles import ensure_ray
 from memcl.pipeline.throughput import ray_floor
-
 from memcl_ops.arrow import schema as S
 
 

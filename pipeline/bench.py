@@ -24,13 +24,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+
 from memcl.pipeline import runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RunConfig, load_config
 from memcl.pipeline.features import encode_stream
 from memcl.pipeline.report import accuracy_axis
 from memcl.pipeline.suites import Suite, suite
-
 from memcl_ops.methods import METHODS, family_methods, method_spec
 
 PAPER_BASELINES = ("finetune", "ewc", "lwf", "derpp")  # the baselines the MARS paper compares against

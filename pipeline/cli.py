@@ -77,7 +77,7 @@ def _report(result) -> int:
 def cmd_stress(args: argparse.Namespace) -> int:
     from memcl.pipeline.stress import compare, table
 
-    results = compare(args.tasks, args.task_free, _overrides(args), args.signals.split(","))
+    results = compare(args.tasks, args.task_free, _overrides(args), args.signals and args.signals.split(","))
     first = results[0]
     mode = "task-free" if first["task_free"] else "task boundaries given"
     print(f"stress: {first['tasks']} visits of {first['distinct_tasks']} recurring tasks ({mode}), "
@@ -88,7 +88,7 @@ def cmd_stress(args: argparse.Namespace) -> int:
     for r in results:
         samples = r["samples"]
         once = samples["learned"] == samples["unique_learned"] == samples["stream"]
-        print(f"{r['signal']}: {r['wall_seconds']:.0f} s, every sample learned exactly once: "
+        print(f"{r['method']} ({r['signal']} signal): {r['wall_seconds']:.0f} s, every sample learned exactly once: "
               f"{'yes' if once else 'NO'}; run folder {r['run_dir']} (stress.csv, stress.png, stress.json)")
     return 0
 
@@ -217,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--task-free", action="store_true", help="give the learner no task boundaries")
     st.add_argument("--out", help="parent folder of the run folder (default: runs/stress)")
     st.add_argument("--seed", type=int, help=seed_help)
-    st.add_argument("--signals", default="reference,paper",
-                    help="comma-separated SGSE signals, one run each on the same stream (default reference,paper)")
+    st.add_argument("--signals", help="comma-separated SGSE signals (reference, paper), one run each on the same "
+                    "stream (default: the method's own signal, then the other one)")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value")
     st.set_defaults(func=cmd_stress)
 

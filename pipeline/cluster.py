@@ -8,6 +8,7 @@ from pathlib import Path
 import jsonschema
 import ray
 import yaml
+
 from memcl.pipeline.config import RunConfig
 
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import ray
-from memcl.pipeline.executors import GraphBinding
 from ray.dag import DAGContext, InputNode, MultiOutputNode
 from ray.dag.context import DEFAULT_BUFFER_SIZE_BYTES
 
+from memcl.pipeline.executors import GraphBinding
 from memcl_ops.roles.features import FeatureFlow
 
 Handle = ray.actor.ActorHandle

@@ -9,6 +9,7 @@ batches in `sample_id` order whichever replica finishes first.
 from __future__ import annotations
 
 import ray
+
 from memcl.actors.encoder import Encoder
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RunConfig

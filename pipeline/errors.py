@@ -18,7 +18,6 @@ class RunInterrupted(KeyboardInterrupt):
 def one_line(err: BaseException) -> tuple[str, bool]:
     """(the message of `err` on one line, whether it is the user's error rather than memcl's)."""
     from memcl.pipeline.config import ConfigError
-
     from memcl_ops.data.datasets import DatasetUnavailable
 
     if "ray" in sys.modules:  # an actor's error arrives wrapped; what matters is the cause

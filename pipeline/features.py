@@ -22,6 +22,7 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 import ray
+
 from memcl.actors.memory_manager import MemoryManager
 from memcl.actors.novelty_monitor import NoveltyMonitor
 from memcl.actors.stage1_trainer import Stage1Trainer
@@ -34,7 +35,6 @@ from memcl.pipeline.encoder_pool import EncoderPool
 from memcl.pipeline.executors import ActorCalls
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensure_ray, stream_source
-
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import ray
+
 from memcl.actors.lm_encoder import LMEncoder
 from memcl.actors.lm_trainer import LMTrainer
 from memcl.actors.memory_manager import MemoryManager
@@ -44,7 +45,6 @@ from memcl.pipeline.executors import ActorCalls
 from memcl.pipeline.loop import new_run_dir, stream
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
-
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream, task_batches

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+
 from memcl.pipeline import checkpoint, report
 from memcl.pipeline.actor_cache import is_fault
 from memcl.pipeline.config import ConfigError, RuntimeConfig
 from memcl.pipeline.progress import Progress, Reports
 from memcl.pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline
 from memcl.pipeline.tracking import TensorBoardLog
-
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.rounds import matrix_rows

@@ -21,6 +21,7 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 import ray
+
 from memcl.actors.adapter_trainer import AdapterTrainer
 from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint
@@ -29,7 +30,6 @@ from memcl.pipeline.config import RunConfig
 from memcl.pipeline.executors import ActorCalls
 from memcl.pipeline.progress import InFlight, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
-
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
 from memcl_ops.nsr.adapter import probe_full

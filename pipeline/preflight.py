@@ -7,7 +7,6 @@ import dataclasses
 from pathlib import Path
 
 from memcl.pipeline.config import ConfigError, RunConfig
-
 from memcl_ops.data.datasets import DatasetUnavailable
 from memcl_ops.data.sources import check_source
 from memcl_ops.methods import METHODS

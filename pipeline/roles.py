@@ -14,13 +14,13 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 import ray
+from ray import exceptions as rex
+
 from memcl.actors.stream_source import StreamSource
 from memcl.pipeline import checkpoint
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import ConfigError, RunConfig
 from memcl.pipeline.progress import Reports
-from ray import exceptions as rex
-
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.rounds import RoundBatches

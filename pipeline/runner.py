@@ -10,6 +10,7 @@ from pathlib import Path
 
 import ray
 import yaml
+
 from memcl.pipeline import preflight
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RunConfig, dump_config, load_config
@@ -20,7 +21,6 @@ from memcl.pipeline.loop import RoundHook, new_run_dir, stream
 from memcl.pipeline.nsr import NSRPipeline
 from memcl.pipeline.progress import Progress
 from memcl.pipeline.roles import BatchHook, RunResult, StreamPipeline, ensure_ray, stream_source
-
 from memcl_ops.data.sources import StreamInfo
 
 

@@ -2,7 +2,7 @@
 pipeline. After every round it samples the slot count against SGSE's bound so far, expansions, memory bytes
 (slots, monitor references, prototypes, bank, head), the resident memory of every actor and of the driver, the
 Ray object-store usage and the throughput; it writes `stress.csv`, `stress.png` and `stress.json` (with the
-checks below) into the run folder. `compare` runs the same stream once per SGSE signal.
+checks below) into the run folder. `compare` runs the same stream once per SGSE signal, the method's own first.
 
 Checks: the final slot count stays within SGSE's bound S_0 + N_T + αM (N_T: the novel events the generator
 injected, M: the tests the monitor ran, α = 0.05); on revisits (visits that start no novel regime) at most α of
@@ -18,6 +18,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import get_args
 
 import matplotlib
 
@@ -26,11 +27,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import psutil
 import ray
+
 from memcl.pipeline import preflight, runner
-from memcl.pipeline.config import RunConfig, load_config
+from memcl.pipeline.config import ConfigError, RunConfig, load_config
 from memcl.pipeline.features import FeaturePipeline
 from memcl.pipeline.roles import ensure_ray
-
+from memcl_ops.mars.sgse import Signal
+from memcl_ops.methods import METHODS
 from memcl_ops.rounds import plan_rounds
 
 ALPHA = 0.05  # SGSE's per-test false-expansion bound
@@ -181,7 +184,7 @@ def write(run_dir: Path, rows: list[dict], result: dict) -> None:
 def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, object] | None = None,
            actors: runner.ActorCache | None = None) -> dict:
     config = stress_config(tasks, task_free, overrides)
-    preflight.check_run(config)  # a bad config fails in a second, before Ray starts
+    spec = preflight.check_run(config)  # a bad config fails in a second, before Ray starts
     ensure_ray(config)
     from memcl_ops.data.sources import DriftStream
 
@@ -196,7 +199,8 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
     expansion_steps = [e["test_step"] for e in metrics["slots"]["expansions"]]
     detection = novelty(event_starts, per_visit, sampler.test_steps, expansion_steps, config.method.sgse.block_size)
     result = {"tasks": tasks, "task_free": task_free, "distinct_tasks": config.data.drift.tasks,
-              "signal": config.method.sgse.signal, "seed": config.data.drift.seed,
+              "method": config.method.name, "signal": spec.resolve(config.method).sgse.signal,
+              "seed": config.data.drift.seed,
               "samples": metrics["samples"], "wall_seconds": metrics["wall_seconds"]["total"],
               **checks(sampler.rows, metrics, info.novel_shifts, config.method.router.initial_slots, detection)}
     write(Path(metrics["run_dir"]), sampler.rows, result)
@@ -204,9 +208,32 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
     return result
 
 
-def compare(tasks: int, task_free: bool, overrides: dict[str, object] | None, signals: list[str]) -> list[dict]:
-    """The same stream once per SGSE signal (every signal's config checked before the first run starts)."""
-    runs = [{**(overrides or {}), "method.sgse.signal": signal} for signal in signals]
+def signals_to_compare(tasks: int, task_free: bool, overrides: dict[str, object] | None,
+                       signals: list[str] | None) -> list[str]:
+    """The SGSE signals a comparison runs: `signals` as given, or by default the method's own signal first and then
+    the other one (only the own one where the method fixes its signal). ConfigError where a method without SGSE is
+    asked for signals or a given signal contradicts the one the method fixes."""
+    config = stress_config(tasks, task_free, overrides)
+    spec = preflight.check_run(config)
+    if not spec.sgse:
+        raise ConfigError(f"method.name: {spec.name} expands no slots (no SGSE), so it has no signal to stress; "
+                          "methods with SGSE: " + ", ".join(n for n, s in METHODS.items() if s.sgse))
+    own = spec.resolve(config.method).sgse.signal
+    fixed = spec.fixed.get("sgse", {}).get("signal")
+    if signals is None:
+        return [own] if fixed else [own, *(s for s in get_args(Signal) if s != own)]
+    if fixed and set(signals) != {fixed}:
+        raise ConfigError(f"--signals: method {spec.name} fixes method.sgse.signal = {fixed}; "
+                          f"{','.join(signals)} would not be what runs")
+    return signals
+
+
+def compare(tasks: int, task_free: bool, overrides: dict[str, object] | None,
+            signals: list[str] | None = None) -> list[dict]:
+    """The same stream once per SGSE signal (`signals_to_compare`; every run's config checked before the first run
+    starts)."""
+    runs = [{**(overrides or {}), "method.sgse.signal": signal}
+            for signal in signals_to_compare(tasks, task_free, overrides, signals)]
     for run_overrides in runs:
         preflight.check_run(stress_config(tasks, task_free, run_overrides))
     return [stress(tasks, task_free, run_overrides) for run_overrides in runs]
@@ -216,14 +243,14 @@ def table(results: list[dict]) -> str:
     """The checks of several stress runs side by side (markdown)."""
     def mark(ok: bool) -> str:
         return "yes" if ok else "NO"
-    lines = ["| signal | seed | slots (bound) | revisit false expansions / tests | novel events detected "
+    lines = ["| method | signal | seed | slots (bound) | revisit false expansions / tests | novel events detected "
              "(<= 3 blocks) | median delay (blocks) | monitor ms / batch | max RSS growth | throughput last / "
-             "second tenth |", "|---|---|---|---|---|---|---|---|---|"]
+             "second tenth |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s, nv, tp = r["slots"], r["novelty"], r["throughput"]
         delay = "-" if nv["median_delay_blocks"] is None else f"{nv['median_delay_blocks']:.0f}"
         lines.append(
-            f"| {r['signal']} | {r['seed']} | {s['final']} ({s['bound']:.1f}) {mark(s['holds'])} | "
+            f"| {r['method']} | {r['signal']} | {r['seed']} | {s['final']} ({s['bound']:.1f}) {mark(s['holds'])} | "
             f"{nv['false_expansions']} / {nv['revisit_tests']} = {nv['false_rate']:.4f} "
             f"{mark(nv['false_rate_holds'])} | "
             f"{nv['detected']} / {nv['events']} {mark(nv['detection_holds'])} | {delay} | "

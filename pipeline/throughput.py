@@ -32,14 +32,14 @@ import psutil
 import pyarrow as pa
 import ray
 import torch
+from ray.dag import InputNode
+
 from memcl.pipeline import runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.compiled_chain import size_channels
 from memcl.pipeline.config import RuntimeConfig, load_config
 from memcl.pipeline.progress import InFlight, Progress
 from memcl.pipeline.roles import ensure_ray
-from ray.dag import InputNode
-
 from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.gate import gate
 from memcl_ops.data.datasets import Dataset, load_fashion_mnist

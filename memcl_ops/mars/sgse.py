@@ -6,9 +6,10 @@ buffer is cleared after every test; after an expansion the next block is a coold
 The new slot's key is Norm(mean query of the block's failed samples) (the whole block if none failed); the monitor
 keeps the mean of their features h, which the memory maps through W_q (the query is linear in h).
 
-Two signals decide the trial (`SGSEConfig.signal`):
+Two signals decide the trial (`SGSEConfig.signal`; the reference signal is the default, the paper's signal breaks
+SGSE's slot bound on long recurring streams):
 
-* ``"paper"``: the routing confidence s_t (top-slot softmax probability) against a quantile tracker
+* ``"paper"``: the MARS paper's routing confidence s_t (top-slot softmax probability) against a quantile tracker
   q_t = window quantile of the last w confidences, Q_t = β Q_{t-1} + (1-β) q_t; success iff s_t >= Q_{t-1}.
   Orientation (`quantile_mode`): ``"coverage"`` tracks the ε-quantile, so under no novelty P(s_t >= Q) ≈ 1-ε
   and the default test (k <= 15 of 20) has false-alarm rate P(Bin(20, .9) <= 15) = 0.043; ``"upper"`` is the
@@ -91,7 +92,7 @@ class SGSEConfig:
     max_slots: int = 512  # S_max safety cap [R]
     quantile_mode: QuantileMode = "coverage"  # [R] see module docstring
     window_quantile: str = "lower"  # numpy quantile method for q_t [R]
-    signal: Signal = "paper"  # what a trial reads: the routing confidence [S], or frozen-feature references [R]
+    signal: Signal = "reference"  # what a trial reads: frozen-feature references [R] or the routing confidence [S]
     reference_size: int = 64  # m: the last m features kept per expanded slot (half bank, half calibration) [R]
     slack: float = 0.1  # η: acceptance radius (1 + η) r_j, for drift between visits [R]
     alpha: float = 0.05  # level of each block test under the reference signal [R]

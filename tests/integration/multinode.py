@@ -8,9 +8,10 @@ import json
 import sys
 
 import ray
+from ray.cluster_utils import Cluster
+
 from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
-from ray.cluster_utils import Cluster
 
 OUT = sys.argv[1]
 COMMON = {"data.dataset": "digits", "stream.tasks": 5, "stream.batch_size": 30, "stream.train_per_class": 30,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from memcl.pipeline import checkpoint, runner
 from memcl.pipeline.config import load_config
-
 from tests.killing import killer
 
 pytestmark = pytest.mark.ray

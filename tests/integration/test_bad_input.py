@@ -8,9 +8,9 @@ import pytest
 import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
-
 from memcl_ops.arrow import schema as S
 from tests.malformed import DIM, LABELS, feature_batches
 

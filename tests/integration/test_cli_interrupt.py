@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from memcl.pipeline import runner
 
 pytestmark = pytest.mark.ray

@@ -7,10 +7,10 @@ import threading
 
 import numpy as np
 import pytest
+
 from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
-
-from memcl_ops.methods import METHODS
+from memcl_ops.methods import method_spec
 
 pytestmark = pytest.mark.ray
 
@@ -29,9 +29,8 @@ def config(tmp_path, transport: str, **extra):
 CASES = {
     "mars": {},
     "mars over cached features": {"runtime.cache_dir": "CACHE"},
-    "mars-reference, two replicas, one batch in flight": {"method.name": "mars-reference", "encoder.replicas": 2,
-                                                          "runtime.max_in_flight": 1},
-    "mars-reference": {"method.name": "mars-reference"},
+    "mars, two replicas, one batch in flight": {"encoder.replicas": 2, "runtime.max_in_flight": 1},
+    "mars-paper-signal": {"method.name": "mars-paper-signal"},
     "mars-no-sgse, two replicas": {"method.name": "mars-no-sgse", "encoder.replicas": 2},
     "derpp, no memory": {"method.name": "derpp"},
     "analytic-rp, statistics in two replicas": {"method.name": "analytic-rp", "encoder.replicas": 2,
@@ -42,12 +41,14 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_chain_gives_the_classic_run(actors, tmp_path, case):
     extra = {k: str(tmp_path / "cache") if v == "CACHE" else v for k, v in CASES[case].items()}
-    classic = runner.run(config(tmp_path, "actors", **extra), actors=actors).metrics
+    run_config = config(tmp_path, "actors", **extra)
+    classic = runner.run(run_config, actors=actors).metrics
     compiled = runner.run(config(tmp_path, "compiled", **extra), actors=actors).metrics
     assert classic["summary"]["a_mean"] > 0.15  # above the 10 % of chance: the runs learned (not two NaN runs)
     np.testing.assert_array_equal(np.array(compiled["acc_matrix"]), np.array(classic["acc_matrix"]))
     assert compiled["slots"]["history"] == classic["slots"]["history"]
-    if METHODS[extra.get("method.name", "mars")].fixed.get("sgse", {}).get("signal") == "reference":
+    spec = method_spec(run_config.method.name)
+    if spec.sgse and spec.resolve(run_config.method).sgse.signal == "reference":
         # SGSE's reference signal adds slots mid-stream on this stream (the MARS paper's signal does not): batches were
         # routed after expansions, across replicas and past an empty place
         assert classic["slots"]["history"][-1][1] > classic["slots"]["history"][0][1]

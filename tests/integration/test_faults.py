@@ -3,9 +3,9 @@ accuracy matrix of an uninterrupted run."""
 
 import numpy as np
 import pytest
+
 from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
-
 from tests.killing import killer
 
 pytestmark = pytest.mark.ray

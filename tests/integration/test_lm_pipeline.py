@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from memcl.pipeline.config import RuntimeConfig, dump_config
 from memcl.pipeline.lm import LMRunConfig, run_specs
 from memcl.pipeline.runner import run
-
 from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.miita.directions import AdaptConfig

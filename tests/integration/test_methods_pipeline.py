@@ -6,9 +6,9 @@ import csv
 
 import numpy as np
 import pytest
+
 from memcl.pipeline import bench, checkpoint, runner
 from memcl.pipeline.config import load_config
-
 from memcl_ops.methods import METHODS, family_methods
 
 pytestmark = pytest.mark.ray

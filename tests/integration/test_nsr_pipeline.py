@@ -10,9 +10,9 @@ import shutil
 
 import numpy as np
 import pytest
+
 from memcl.pipeline import runner
 from memcl.pipeline.config import dump_config, load_config
-
 from tests.killing import kill_driver_at_checkpoint, killer
 
 pytestmark = pytest.mark.ray

@@ -5,10 +5,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from memcl.pipeline import cli, runner
-from memcl.pipeline.config import load_config
 from PIL import Image
 
+from memcl.pipeline import cli, runner
+from memcl.pipeline.config import load_config
 from memcl_ops.arrow import schema as S
 
 pytestmark = pytest.mark.ray

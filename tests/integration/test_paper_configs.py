@@ -7,14 +7,14 @@ alone costs tens of seconds on a busy 2-core machine)."""
 import json
 from pathlib import Path
 
-import memcl.pipeline
 import numpy as np
 import pytest
 import torch
-from memcl.pipeline import runner
-from memcl.pipeline.config import load_config
 from PIL import Image
 
+import memcl.pipeline
+from memcl.pipeline import runner
+from memcl.pipeline.config import load_config
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.datasets import DatasetUnavailable, load_dataset
 from memcl_ops.data.feature_cache import FeatureCache

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+
 from memcl.pipeline import checkpoint, runner
 from memcl.pipeline.config import RuntimeConfig, load_config
 from memcl.pipeline.lm import LMRunConfig, run_specs
-
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, task_batches
 from memcl_ops.data.lm_tasks import build_stream as build_lm_stream

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
 from memcl.pipeline import checkpoint, report, runner
 from memcl.pipeline.config import ConfigError, load_config
-
 from memcl_ops import metrics as metrics_lib
 from tests.killing import kill_driver_at_checkpoint, memcl
 

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import ray
+from ray.util.queue import Queue
+
 from memcl.actors.stage1_trainer import Stage1Trainer
 from memcl.actors.stage2_trainer import Stage2Trainer
 from memcl.pipeline.progress import Progress, Reports
-from ray.util.queue import Queue
-
 from memcl_ops.arrow import schema as S
 from memcl_ops.head_training import Stage2Config
 from memcl_ops.mars.dcda import Stage1Config

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from memcl.pipeline import cli
 
 pytestmark = pytest.mark.ray

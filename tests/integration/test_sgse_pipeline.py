@@ -4,14 +4,14 @@ survive the monitor's death mid-visit (restored and replayed like every other ac
 
 import numpy as np
 import pytest
+
 from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
-
 from tests.killing import killer
 
 pytestmark = pytest.mark.ray
 
-DRIFT = {"method.name": "mars-reference", "data.dataset": "drift", "data.drift.visits": 10, "data.drift.tasks": 4,
+DRIFT = {"method.name": "mars", "data.dataset": "drift", "data.drift.visits": 10, "data.drift.tasks": 4,
          "data.drift.dim": 16, "data.drift.train_per_visit": 100, "data.drift.test_per_task": 20,
          "data.drift.batch_size": 50, "data.drift.shifts": 1, "method.router.initial_slots": 4,
          "method.stage2.optim.epochs": 2, "runtime.progress": False, "runtime.checkpoint": False}

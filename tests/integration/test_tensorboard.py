@@ -2,9 +2,10 @@
 back the scalars the run's metrics hold."""
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = pytest.mark.ray
 

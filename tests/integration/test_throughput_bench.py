@@ -8,6 +8,7 @@ import os
 
 import psutil
 import pytest
+
 from memcl.pipeline.throughput import CPU_ROLES, TRANSPORTS, Case, table, throughput
 
 pytestmark = pytest.mark.ray

@@ -2,10 +2,10 @@
 (A real shrunken bench runs through the actors in tests/integration/test_methods_pipeline.py.)"""
 
 import pytest
+
 from memcl.pipeline import bench
 from memcl.pipeline.config import load_config
 from memcl.pipeline.suites import SUITES, suite
-
 from memcl_ops.methods import METHODS, family_methods
 
 

@@ -97,6 +97,7 @@ def test_help_is_complete():
 
 def test_config_show_loads_back_to_the_default_and_documents_keys(capsys):
     import yaml
+
     from memcl.pipeline.cli import main
     from memcl.pipeline.config import RunConfig, to_dict
 
@@ -113,7 +114,6 @@ def test_config_show_loads_back_to_the_default_and_documents_keys(capsys):
                                             ("suites", ["fmnist-5x2", "bbc-text"])])
 def test_list(capsys, what, expected):
     from memcl.pipeline.cli import main
-
     from memcl_ops.methods import METHODS
 
     assert main(["list", what]) == 0
