@@ -194,8 +194,8 @@ def train_stage2(head: GrowingLinearHead, router: FeatureMemory | None, features
                 lwf_logits = old_head(h_tilde)
             else:
                 lwf_logits = old_head(teacher_router(features, routed.ln_h).h_tilde)
-            anchors = torch.as_tensor(teacher.anchors)
-            anchor_logits = torch.as_tensor(teacher.anchor_logits)
+            anchors = torch.tensor(teacher.anchors)  # a copy: a restored teacher's arrays are read-only
+            anchor_logits = torch.tensor(teacher.anchor_logits)
             has_class = teacher.anchor_labels >= 0
             labelled = torch.from_numpy(has_class)
             anchor_targets = head.columns(torch.from_numpy(teacher.anchor_labels[has_class]))

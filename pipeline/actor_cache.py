@@ -57,6 +57,15 @@ class ActorCache:
     def handle(self, role: str) -> ray.actor.ActorHandle:
         return self.handles[role][3]
 
+    def role_of(self, err: BaseException) -> str | None:
+        """The role whose actor an actor fault names (None where it names none of this cache's)."""
+        cause = err.cause if isinstance(err, rex.RayTaskError) and err.cause is not None else err
+        actor_id = getattr(cause, "actor_id", None)
+        if isinstance(actor_id, bytes):
+            actor_id = actor_id.hex()
+        return next((role for role, (*_, handle) in self.handles.items() if handle._actor_id.hex() == actor_id),
+                    None)
+
     def pids(self, roles: list[str]) -> dict[str, int]:
         """The process id of each role's actor; on a local cluster the driver can read those processes (memory, CPU
         time)."""

@@ -29,6 +29,8 @@ def _overrides(args: argparse.Namespace) -> dict:
         out["runtime.out"] = args.out
     if getattr(args, "seed", None) is not None:
         out["seed"] = args.seed
+    if getattr(args, "chaos", None) is not None and args.func is not cmd_stress:  # stress runs fault-free beside it
+        out["runtime.chaos_seconds"] = args.chaos
     return out
 
 
@@ -77,7 +79,8 @@ def _report(result) -> int:
 def cmd_stress(args: argparse.Namespace) -> int:
     from memcl.pipeline.stress import compare, table
 
-    results = compare(args.tasks, args.task_free, _overrides(args), args.signals and args.signals.split(","))
+    results = compare(args.tasks, args.task_free, _overrides(args), args.signals and args.signals.split(","),
+                      chaos=args.chaos)
     first = results[0]
     mode = "task-free" if first["task_free"] else "task boundaries given"
     print(f"stress: {first['tasks']} visits of {first['distinct_tasks']} recurring tasks ({mode}), "
@@ -202,11 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, parents=[common])
 
     seed_help = "the run's seed (model initialisation, sampling); default 0"
+    chaos_help = ("chaos mode: kill a random actor of the run every SECONDS while it streams (runtime.chaos_seconds); "
+                  "the run replays from its last committed state")
     run = command("run", "run one continual-learning stream (the embedded default without --config)")
     run.add_argument("--config", help="YAML file overriding the embedded default (`memcl config --show` lists keys)")
     run.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
     run.add_argument("--out", help="parent folder of the run folder (default: runs)")
     run.add_argument("--seed", type=int, help=seed_help)
+    run.add_argument("--chaos", type=float, metavar="SECONDS", help=chaos_help)
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last good checkpoint")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override one config value, e.g. --set method.name=finetune")
@@ -217,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--task-free", action="store_true", help="give the learner no task boundaries")
     st.add_argument("--out", help="parent folder of the run folder (default: runs/stress)")
     st.add_argument("--seed", type=int, help=seed_help)
+    st.add_argument("--chaos", type=float, metavar="SECONDS",
+                    help=chaos_help + "; each stream also runs fault-free, and the table says if the results match")
     st.add_argument("--signals", help="comma-separated SGSE signals (reference, paper), one run each on the same "
                     "stream (default: the method's own signal, then the other one)")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value")
@@ -228,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
     lm.add_argument("--out", help="parent folder of the run folder (default: runs)")
     lm.add_argument("--seed", type=int, help=seed_help)
+    lm.add_argument("--chaos", type=float, metavar="SECONDS", help=chaos_help)
     lm.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one config value, e.g. --set budgets=[8192] --set method.adapt.step=0.2")
     lm.set_defaults(func=cmd_lm)
@@ -271,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from memcl.pipeline.errors import RunInterrupted, one_line
+    from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
 
     try:
         return args.func(args)
@@ -281,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nmemcl: interrupted", file=sys.stderr)
         return 130
+    except RunStopped as stop:
+        print(f"memcl: error: {stop.why}; continue the run with: {stop.command} --resume {stop.run_dir}",
+              file=sys.stderr)
+        return 1
     except Exception as err:
         if args.debug:
             raise

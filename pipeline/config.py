@@ -62,11 +62,17 @@ class RuntimeConfig:
     tensorboard: bool = False  # write TensorBoard event files into <run folder>/tensorboard/ (`tensorboard --logdir`)
     max_batch_rows: int | None = 4096  # larger batches are refused at the gate (dead letters)
     max_restarts: int = 2  # Ray restarts of a crashed actor (its state is then restored by the runner)
-    max_recoveries: int = 5  # replays of one visit after actor faults before the run gives up
+    max_recoveries: int = 5  # faults in a row of one step (a round, its commit, a report) before the run gives up
+    # chaos mode: kill a random actor of the run every this many seconds while it streams (0: off)
+    chaos_seconds: float = 0.0
     # evaluate after every N-th visit (task-free: every N-th consolidation round), and always after the last
     evaluate_every: int = 1
     # evaluate only the N most recently first-trained tasks (None: all seen); after the last round, all seen
     evaluate_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.chaos_seconds < 0:
+            raise ConfigError(f"runtime.chaos_seconds: {self.chaos_seconds} is below 0 (0 turns chaos mode off)")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,15 @@ class RunInterrupted(KeyboardInterrupt):
         self.run_dir, self.command = run_dir, command
 
 
+class RunStopped(RuntimeError):
+    """A run that cannot go on (actor faults in a row past `runtime.max_recoveries`); `run_dir` keeps its last
+    committed checkpoint, so `<command> --resume run_dir` continues it."""
+
+    def __init__(self, why: str, run_dir: Path, command: str = "memcl run"):
+        super().__init__(why)
+        self.why, self.run_dir, self.command = why, run_dir, command
+
+
 def one_line(err: BaseException) -> tuple[str, bool]:
     """(the message of `err` on one line, whether it is the user's error rather than memcl's)."""
     from memcl.pipeline.config import ConfigError

@@ -152,6 +152,7 @@ class FeaturePipeline:
                                                      for v in sorted({v for v, _ in batches})]))
         accuracy: dict[int, float] = {}
         if schedule.due(info, state.next_round, ended):
+            reports.phase("evaluate")
             accuracy = self.evaluate(schedule.tasks(seen, state.next_round), schedule.test_visit(batches, ended),
                                      letters)
         refused = [t for t in [*refused, *ray.get(letters)] if t.num_rows]
@@ -234,7 +235,7 @@ class FeaturePipeline:
         """Bytes of all persistent memory: the MemoryManager's stores, the novelty monitor's references, the head."""
         return self.flow.memory_report()
 
-    def revive(self, parts: dict[str, checkpoint.State]) -> None:
+    def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         """After a fault: every role alive and reset, the source given its features again, all restored."""
         self.flow.expansions = None  # belonged to the replayed round
         self.close()  # the fault shut the compiled graph down; it is compiled again over the revived actors below

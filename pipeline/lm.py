@@ -38,11 +38,11 @@ from memcl.actors.lm_encoder import LMEncoder
 from memcl.actors.lm_trainer import LMTrainer
 from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint, report
-from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.actor_cache import FAULTS, ActorCache
 from memcl.pipeline.config import ConfigError, RuntimeConfig, dump_config
-from memcl.pipeline.errors import RunInterrupted
+from memcl.pipeline.errors import RunInterrupted, RunStopped
 from memcl.pipeline.executors import ActorCalls
-from memcl.pipeline.loop import new_run_dir, stream
+from memcl.pipeline.loop import PhaseHook, new_run_dir, stream
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
 from memcl_ops import metrics as M
@@ -210,6 +210,8 @@ class LMPipeline:
         seen = list(range(task + 1))
         due = schedule.tasks(seen, task) if schedule.due(self.info, task, [task]) else []
         accuracy, nll, predictions, scores = {}, {}, [], {}
+        if due:
+            reports.phase("evaluate")
         for j in due:
             if self.spec.method == "base" and j in ctx.base_answers:
                 accuracy[j], nll[j], rows = ctx.base_answers[j]
@@ -232,7 +234,7 @@ class LMPipeline:
                                    {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
                                     "scores": scores, "predictions": predictions})
 
-    def revive(self, parts: dict[str, checkpoint.State]) -> None:
+    def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.ctx.forget_calls()
         self.roles.revive()
         self.roles.restore(parts)
@@ -305,7 +307,7 @@ class LMResult:
 
 def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bool = False,
                 progress: bool | None = None, actors: ActorCache | None = None,
-                on_batch: BatchHook | None = None) -> LMResult:
+                on_batch: BatchHook | None = None, on_phase: PhaseHook | None = None) -> LMResult:
     """What `memcl.pipeline.runner.run` does with an `LMRunConfig`: every method (and budget) of `config` over its task
     stream, each through the one round loop (`resumed`: continue the runs of `run_dir`). `actors`: reuse the
     actors of earlier runs (they are reset); by default they are killed after."""
@@ -341,9 +343,15 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
                 folder.mkdir(parents=True, exist_ok=True)
                 runs[spec.name] = stream(LMPipeline(ctx, spec), folder, resumed, rt, bars,
                                          {"dataset": ctx.info.name, "seed": config.seed},
-                                         started=time.perf_counter(), on_batch=on_batch)
+                                         started=time.perf_counter(), on_batch=on_batch, on_phase=on_phase)
         except KeyboardInterrupt:
             raise RunInterrupted(run_dir, command="memcl lm") from None
+        except RunStopped as stop:
+            raise RunStopped(f"{stop.run_dir.name}: {stop.why}", run_dir, command="memcl lm") from stop
+        try:
+            encoder_busy = ray.get(ctx.encoder.timings.remote())
+        except FAULTS:  # killed as the last run ended (chaos mode): its busy time went with it
+            encoder_busy = {}
         predictions = [p for r in runs.values() for e in r.metrics["round_log"] for p in e["predictions"]]
         metrics = {
             "model": {**ctx.model, "spec": config.model.name}, "seed": config.seed,
@@ -351,7 +359,7 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
             "runs": {name: _run_entry(r.metrics) for name, r in runs.items()},
             "wall_seconds": {"total": time.perf_counter() - started, "extract": extract_seconds},
             # the frozen LM serves every run (its busy time is the whole command's); the others are per run
-            "actor_busy_seconds": {"lm_encoder": ray.get(ctx.encoder.timings.remote()),
+            "actor_busy_seconds": {"lm_encoder": encoder_busy,
                                    **{name: r.metrics["actor_busy_seconds"] for name, r in runs.items()}},
         }
         write_lm_run(run_dir, metrics, predictions)

@@ -4,9 +4,10 @@ run needs:
 
 * rounds: a visit of a task, or K batches when task-free (`plan_rounds`), each streamed by the family's pipeline
   with a bound on the calls in flight;
-* fault replay: if an actor dies mid-round, every actor is brought back (Ray restarts it, or a new one is
-  started), all are restored to the state after the previous round and the round is replayed, so each sample
-  is learned exactly once and the result equals an uninterrupted run;
+* fault replay: if an actor dies during any step that calls the actors (the start, a resume, a round, its
+  commit's memory report and state, the observers, the run's report, a revival itself), every actor is brought
+  back (Ray restarts it, or a new one is started), all are restored to the last committed state and the step is
+  replayed, so each sample is learned exactly once and the result equals an uninterrupted run;
 * commit: the accuracy matrix (a row per visit ended; task-free: per evaluation point), dead letters
   (`dead_letters/*.parquet`, rows that broke the Arrow contract, with their sample_id), the round log, wall time
   per phase;
@@ -18,18 +19,23 @@ A round changes nothing of the run state (`RunState`) until it has completed; th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from memcl.pipeline import checkpoint, report
 from memcl.pipeline.actor_cache import is_fault
+from memcl.pipeline.chaos import Chaos
 from memcl.pipeline.config import ConfigError, RuntimeConfig
+from memcl.pipeline.errors import RunStopped
 from memcl.pipeline.progress import Progress, Reports
 from memcl.pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline
 from memcl.pipeline.tracking import TensorBoardLog
@@ -40,6 +46,8 @@ from memcl_ops.rounds import matrix_rows
 log = logging.getLogger("memcl")
 
 RoundHook = Callable[[int, "RunState", "StreamPipeline"], None]  # called after each round is committed
+PhaseHook = Callable[[str], None]  # called as each step of the run begins (`Reports.phase`)
+T = TypeVar("T")
 
 
 def new_run_dir(out: str, name: str) -> Path:
@@ -53,12 +61,50 @@ def new_run_dir(out: str, name: str) -> Path:
             path, n = base.with_name(f"{base.name}-{n}"), n + 1
 
 
+class Recovery:
+    """Every step of a run that calls its actors goes through `run`: where an actor fault interrupts the step, every
+    role is revived and restored to the last committed state (`last_good`; None before the first: the actors'
+    construction state) and the step runs again from there. A fault while reviving is one more fault of the step;
+    `runtime.max_recoveries` faults in a row of one step end the run (RunStopped, its checkpoint kept)."""
+
+    def __init__(self, pipe: StreamPipeline, state: RunState, rt: RuntimeConfig, run_dir: Path, reports: Reports):
+        self.pipe, self.state, self.rt, self.run_dir, self.reports = pipe, state, rt, run_dir, reports
+        self.last_good: dict[str, checkpoint.State] | None = None
+
+    def run(self, what: str, step: Callable[[], T]) -> T:
+        faults, revive = 0, False
+        while True:
+            try:
+                if revive:
+                    self.reports.phase("restore")
+                    self.pipe.revive(self.last_good)
+                    revive = False
+                return step()
+            except Exception as err:
+                if not is_fault(err):
+                    raise
+                faults += 1
+                role = self.pipe.roles.actors.role_of(err)
+                where = f"the {role} actor" if role else "an actor"
+                if faults > self.rt.max_recoveries:
+                    raise RunStopped(f"{what}: {faults} actor faults in a row (runtime.max_recoveries = "
+                                     f"{self.rt.max_recoveries}), the last in {where} ({type(err).__name__})",
+                                     self.run_dir) from err
+                log.warning("actor fault in %s (%s, %s); restoring the last committed state and replaying", what,
+                            where, type(err).__name__)
+                self.state.recoveries += 1
+                revive = True
+
+
 def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig, bars: Progress, metrics: dict, *,
            started: float, setup_seconds: float = 0.0, on_batch: BatchHook | None = None,
-           on_round: RoundHook | None = None) -> RunResult:
+           on_round: RoundHook | None = None, on_phase: PhaseHook | None = None) -> RunResult:
     """Stream every round of `pipe` (after the last checkpoint of `run_dir` when `resumed`), then write the run's
-    metrics: `metrics` (what the caller knows: method, seed, ...) with the runner's and the family's."""
+    metrics: `metrics` (what the caller knows: method, seed, ...) with the runner's and the family's. With
+    `runtime.chaos_seconds`, an actor of the run is killed every that many seconds while it streams."""
     state = RunState()
+    reports = Reports(bars, keep_losses=rt.tensorboard, on_phase=on_phase)  # the trainers report epochs through it
+    recovery = Recovery(pipe, state, rt, run_dir, reports)
     ckpt_dir = run_dir / "checkpoints"
     if resumed and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
         path, parts, meta = found
@@ -66,40 +112,45 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         if unknown or parts.keys() - set(pipe.roles.names):
             raise ConfigError(f"{path}: written by an older memcl (run state {sorted(unknown)}, roles "
                               f"{sorted(parts)}); it cannot be resumed, start a new run")
-        pipe.roles.resume(parts, path)
-        state = RunState(**meta)
+        recovery.run("the resume", lambda: pipe.roles.resume(parts, path))
+        recovery.last_good = parts
+        state = recovery.state = RunState(**meta)
         log.info("resumed from %s at round %d", path, state.next_round)
     state.add_wall("setup", setup_seconds)
     earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)
-    last_good = pipe.roles.state()  # what a fault rolls every actor back to
     rounds = pipe.plan()
-    reports = Reports(bars, keep_losses=rt.tensorboard)  # the trainers report their epochs through it
     board = TensorBoardLog(run_dir) if rt.tensorboard else None
-    for r in range(state.next_round, len(rounds)):
-        for attempt in range(rt.max_recoveries + 1):
-            try:
-                outcome = pipe.stream_round(rounds[r], state, reports, on_batch)
-                break
-            except Exception as err:
-                if not is_fault(err) or attempt == rt.max_recoveries:
-                    raise
-                log.warning("actor fault in round %d (%s); restoring and replaying it", r, type(err).__name__)
-                state.recoveries += 1
-                pipe.revive(last_good)
-        _commit_round(pipe, state, r, outcome, run_dir)
-        state.elapsed = earlier + time.perf_counter() - started
-        last_good = pipe.roles.state()
-        if rt.checkpoint:
-            t_ckpt = time.perf_counter()
-            checkpoint.write(ckpt_dir, r, last_good, state.to_json())
-            state.add_wall("checkpoint", time.perf_counter() - t_ckpt)
-        if on_round is not None:
-            on_round(r, state, pipe)
-        if board is not None:
-            board.round(state)
+    chaos = (Chaos(pipe.roles.actors, pipe.roles.all_names, rt.chaos_seconds, metrics.get("seed", 0))
+             if rt.chaos_seconds else contextlib.nullcontext())
+    with chaos:
+        reports.phase("start")
+        recovery.last_good = recovery.run("the start", pipe.roles.state)  # what a fault rolls every actor back to
+
+        def round_step(r: int) -> tuple[RoundOutcome, dict[str, int], dict[str, checkpoint.State]]:
+            outcome = pipe.stream_round(rounds[r], state, reports, on_batch)
+            reports.phase("commit")
+            return outcome, pipe.memory_report(), pipe.roles.state()
+
+        for r in range(state.next_round, len(rounds)):
+            outcome, memory, committed = recovery.run(f"round {r}", partial(round_step, r))
+            _commit_round(pipe, state, r, outcome, memory, run_dir)
+            state.elapsed = earlier + time.perf_counter() - started
+            recovery.last_good = committed
+            reports.phase("checkpoint")
+            if rt.checkpoint:
+                t_ckpt = time.perf_counter()
+                checkpoint.write(ckpt_dir, r, committed, state.to_json())
+                state.add_wall("checkpoint", time.perf_counter() - t_ckpt)
+            if on_round is not None:
+                recovery.run(f"the observers of round {r}", partial(on_round, r, state, pipe))
+            if board is not None:
+                board.round(state)
+        reports.phase("report")
+        metrics.update(recovery.run("the run's report", lambda: {
+            **_run_metrics(pipe, state, earlier + time.perf_counter() - started), **pipe.finish(state)}))
     reports.close()
-    metrics.update(_run_metrics(pipe, state, earlier + time.perf_counter() - started))
-    metrics.update(pipe.finish(state))
+    if isinstance(chaos, Chaos):
+        metrics["chaos"] = chaos.report()
     report.write_run(run_dir, metrics)
     if board is not None:
         board.close(metrics)
@@ -107,8 +158,10 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
     return RunResult.of(run_dir, metrics)
 
 
-def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundOutcome, run_dir: Path) -> None:
-    """Fold a completed round into the run state and write its dead letters."""
+def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundOutcome, memory: dict[str, int],
+                  run_dir: Path) -> None:
+    """Fold a completed round (and the memory report read after it) into the run state and write its dead
+    letters; calls no actor, so a commit is never half done."""
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
     state.seen_tasks = outcome.seen
@@ -125,7 +178,7 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
     evaluated = [a for a in outcome.accuracy.values() if not np.isnan(a)]
     state.round_log.append({"round": r, "visits_ended": outcome.ended, "batches": outcome.batches,
                             "accuracy": outcome.accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated
-                            else None, "memory": pipe.memory_report(), "seconds": outcome.seconds, **outcome.log,
+                            else None, "memory": memory, "seconds": outcome.seconds, **outcome.log,
                             "refused": 0 if dead is None else dead.num_rows, "time": time.time()})
     state.next_round = r + 1
 

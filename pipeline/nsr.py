@@ -118,6 +118,7 @@ class NSRPipeline:
         ended = self.flow.end_visit(task, key, tests, wait=lambda ref: bars.wait(
             [ref], f"{what} compress and test", "call", leave=False)[0])
         seen = state.seen_tasks + ([] if returning else [task])
+        reports.phase("evaluate")
         accuracy = self.evaluate(seen, task, ended, v, letters, what, bars)
         refused = [t for t in ray.get(letters) if t.num_rows]
         arrival = ray.get(plan) if isinstance(plan, ray.ObjectRef) else plan
@@ -138,7 +139,7 @@ class NSRPipeline:
         accuracy[active] = ended["acc_stored"] if self.banks else ended["acc_live"]
         return dict(sorted(accuracy.items()))
 
-    def revive(self, parts: dict[str, checkpoint.State]) -> None:
+    def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.roles.revive()
         self.roles.restore(parts)
 

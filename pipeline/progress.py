@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 
 import ray
 from ray.util.queue import Queue
@@ -114,11 +115,18 @@ class Reports:
     POLL_S = 0.5
     QUIET_S = 10.0  # a call silent this long gets the seconds bar (a first epoch may take a few seconds)
 
-    def __init__(self, progress: Progress, keep_losses: bool = False):
-        self.progress = progress
+    def __init__(self, progress: Progress, keep_losses: bool = False,
+                 on_phase: Callable[[str], None] | None = None):
+        self.progress, self.on_phase = progress, on_phase
         listen = progress.enabled or keep_losses
         self.queue = Queue(actor_options={"num_cpus": 0}) if listen else None
         self.losses: dict[str, list[float]] = {}
+
+    def phase(self, name: str) -> None:
+        """A step of the run begins ("start", "evaluate", "commit", "checkpoint", "restore", "report"): the observer
+        hears it (fault injection in tests aims there)."""
+        if self.on_phase is not None:
+            self.on_phase(name)
 
     def close(self) -> None:
         """End the queue's actor now (Ray ends it anyway once the last handle to it is gone)."""

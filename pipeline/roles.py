@@ -119,7 +119,13 @@ class Roles:
     def state(self) -> dict[str, checkpoint.State]:
         return dict(zip(self.names, ray.get([self.actors.handle(r).state.remote() for r in self.names])))
 
-    def restore(self, parts: dict[str, checkpoint.State]) -> None:
+    def all_names(self) -> list[str]:
+        return [*self.names, *self.stateless]
+
+    def restore(self, parts: dict[str, checkpoint.State] | None) -> None:
+        """Every role to `parts`; None: the construction state the roles were just reset to, nothing to restore."""
+        if parts is None:
+            return
         # a role with an empty state (the frozen LM) leaves no arrays in a checkpoint
         ray.get([self.actors.handle(r).restore.remote(parts.get(r, {})) for r in self.names])
 
@@ -140,7 +146,7 @@ class Roles:
             self.actors.revive(role)
 
     def timings(self) -> dict[str, dict]:
-        names = [*self.names, *self.stateless]
+        names = self.all_names()
         return dict(zip(names, ray.get([self.actors.handle(r).timings.remote() for r in names])))
 
 
@@ -156,7 +162,8 @@ class StreamPipeline(Protocol):
     def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
                      ) -> RoundOutcome: ...
 
-    def revive(self, parts: dict[str, checkpoint.State]) -> None: ...  # every role alive again, restored to parts
+    # every role alive again, restored to parts (None: to the state the roles were constructed in)
+    def revive(self, parts: dict[str, checkpoint.State] | None) -> None: ...
 
     def memory_report(self) -> dict[str, int]: ...
 

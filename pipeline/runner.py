@@ -6,6 +6,7 @@ replay, commit, checkpoints, the run folder). `memcl run`, `memcl lm`, `memcl be
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -17,7 +18,7 @@ from memcl.pipeline.config import RunConfig, dump_config, load_config
 from memcl.pipeline.errors import RunInterrupted
 from memcl.pipeline.features import FeaturePipeline
 from memcl.pipeline.lm import LMResult, LMRunConfig, run_methods
-from memcl.pipeline.loop import RoundHook, new_run_dir, stream
+from memcl.pipeline.loop import PhaseHook, RoundHook, new_run_dir, stream
 from memcl.pipeline.nsr import NSRPipeline
 from memcl.pipeline.progress import Progress
 from memcl.pipeline.roles import BatchHook, RunResult, StreamPipeline, ensure_ray, stream_source
@@ -26,20 +27,22 @@ from memcl_ops.data.sources import StreamInfo
 
 def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
         progress: bool | None = None, actors: ActorCache | None = None, on_batch: BatchHook | None = None,
-        on_round: RoundHook | None = None) -> RunResult | LMResult:
+        on_round: RoundHook | None = None, on_phase: PhaseHook | None = None) -> RunResult | LMResult:
     """Run (or resume from its folder) one stream: a `RunConfig` (default: `memcl run`'s) runs its "features" or
     "nsr" method and returns a `RunResult`; an `LMRunConfig` runs each of its "lm" methods (and byte budgets) over
     its task stream and returns an `LMResult`, one `RunResult` per (method, budget).
 
     `actors`: reuse the actors of earlier runs (they are reset); by default the run starts and kills its own.
-    `on_batch` / `on_round`: observers (fault injection in tests, resource sampling in `memcl stress`).
+    `on_batch` / `on_round` / `on_phase`: observers (fault injection in tests, resource sampling in `memcl stress`).
     """
     if resume is not None:
         run_dir = preflight.run_folder(resume, "config.yaml")
         config = load_config(run_dir / "config.yaml", cls=config_class(run_dir / "config.yaml"))
+        # chaos mode belongs to the session that asked for it, not to the run: a resumed run streams without it
+        config = replace(config, runtime=replace(config.runtime, chaos_seconds=0.0))
     if isinstance(config, LMRunConfig):
         return run_methods(config, run_dir=run_dir, resumed=resume is not None, progress=progress, actors=actors,
-                           on_batch=on_batch)
+                           on_batch=on_batch, on_phase=on_phase)
     config = preflight.with_absolute_paths(config or RunConfig())
     spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
     own = actors is None
@@ -65,7 +68,7 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
             try:
                 return stream(pipe, run_dir, resume is not None, config.runtime, bars, metrics,
                               started=started, setup_seconds=time.perf_counter() - t0, on_batch=on_batch,
-                              on_round=on_round)
+                              on_round=on_round, on_phase=on_phase)
             finally:
                 pipe.close()
         except KeyboardInterrupt:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -72,15 +73,21 @@ class Sampler:
         self.event_starts = np.array(event_starts)
         self.stride = max(len(samples_per_round) // rows, 1)
         self.rows: list[dict] = []
-        self.pids: dict[str, int] = {}
         self.test_steps: list[int] = []
         self.start = self.last = time.perf_counter()
         self.last_round = -1
 
-    def _rss(self, pipe: FeaturePipeline) -> dict[str, int]:
-        if not self.pids:
-            self.pids = pipe.roles.actors.pids(pipe.roles.names)
-        rss = {f"rss.{role}": psutil.Process(pid).memory_info().rss for role, pid in self.pids.items()}
+    def _rss(self, pipe: FeaturePipeline) -> dict[str, int | None]:
+        """Resident bytes and PID of every role's process, read anew each time: a fault (or chaos mode) may have
+        restarted an actor since the last sample; one that vanished since its PID was read is not sampled (None)."""
+        rss: dict[str, int | None] = {}
+        for role, pid in pipe.roles.actors.pids(pipe.roles.names).items():
+            rss[f"pid.{role}"] = pid
+            try:
+                rss[f"rss.{role}"] = psutil.Process(pid).memory_info().rss
+            except psutil.NoSuchProcess:
+                rss[f"rss.{role}"] = None
+        rss["pid.driver"] = os.getpid()
         rss["rss.driver"] = psutil.Process().memory_info().rss
         return rss
 
@@ -127,14 +134,28 @@ def novelty(event_starts: list[int], visit_samples: int, test_steps: list[int], 
             "false_rate": false / revisit_tests if revisit_tests else 0.0}
 
 
+def rss_growth(rows: list[dict], tenth: int) -> dict[str, float]:
+    """Per role, how much its process's resident memory grew from 10 % of the stream (or from its process's first
+    sample, where a fault restarted the actor later) to the end; a process sampled fewer than twice is left out."""
+    growth = {}
+    for key in [k for k in rows[-1] if k.startswith("rss.")]:
+        role = key[4:]
+        late = next((r for r in reversed(rows) if r.get(key) is not None), None)
+        if late is None:
+            continue
+        same = [r for r in rows[tenth - 1:] if r.get(f"pid.{role}") == late[f"pid.{role}"] and r.get(key) is not None]
+        if len(same) >= 2:
+            growth[role] = late[key] / same[0][key] - 1
+    return growth
+
+
 def checks(rows: list[dict], metrics: dict, info_novel: int, initial_slots: int, detection: dict) -> dict:
     n = len(rows)
     tenth = max(n // 10, 1)
     tests = metrics["slots"]["monitor"].get("tests", 0)
     bound = initial_slots + info_novel + ALPHA * tests
     final_slots = rows[-1]["slots"]
-    early, late = rows[tenth - 1], rows[-1]
-    growth = {k[4:]: late[k] / early[k] - 1 for k in late if k.startswith("rss.")}
+    growth = rss_growth(rows, tenth)
     second = np.mean([r["throughput"] for r in rows[tenth:2 * tenth]])
     last = np.mean([r["throughput"] for r in rows[-tenth:]])
     batches = sum(entry["batches"] for entry in metrics["round_log"])
@@ -168,7 +189,7 @@ def write(run_dir: Path, rows: list[dict], result: dict) -> None:
     axes[0, 1].set_ylabel("memory (MiB)")
     axes[0, 1].legend(fontsize=8)
     for key in [k for k in rows[0] if k.startswith("rss.")]:
-        axes[1, 0].plot(x, [r[key] / 2**20 for r in rows], label=key[4:])
+        axes[1, 0].plot(x, [np.nan if r[key] is None else r[key] / 2**20 for r in rows], label=key[4:])
     axes[1, 0].plot(x, [r["object_store"] / 2**20 for r in rows], "k:", label="object store")
     axes[1, 0].set_ylabel("resident (MiB)")
     axes[1, 0].legend(fontsize=7, ncol=2)
@@ -202,6 +223,7 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
               "method": config.method.name, "signal": spec.resolve(config.method).sgse.signal,
               "seed": config.data.drift.seed,
               "samples": metrics["samples"], "wall_seconds": metrics["wall_seconds"]["total"],
+              "kills": metrics.get("chaos", {}).get("kills", 0), "recoveries": metrics["recoveries"],
               **checks(sampler.rows, metrics, info.novel_shifts, config.method.router.initial_slots, detection)}
     write(Path(metrics["run_dir"]), sampler.rows, result)
     result["run_dir"] = metrics["run_dir"]
@@ -228,15 +250,31 @@ def signals_to_compare(tasks: int, task_free: bool, overrides: dict[str, object]
     return signals
 
 
-def compare(tasks: int, task_free: bool, overrides: dict[str, object] | None,
-            signals: list[str] | None = None) -> list[dict]:
+def compare(tasks: int, task_free: bool, overrides: dict[str, object] | None, signals: list[str] | None = None,
+            chaos: float | None = None) -> list[dict]:
     """The same stream once per SGSE signal (`signals_to_compare`; every run's config checked before the first run
-    starts)."""
+    starts). With `chaos` (seconds), each signal's stream runs fault-free and then in chaos mode, and the chaos run
+    says whether it ended with the fault-free run's result (`same_as_fault_free`)."""
     runs = [{**(overrides or {}), "method.sgse.signal": signal}
             for signal in signals_to_compare(tasks, task_free, overrides, signals)]
     for run_overrides in runs:
-        preflight.check_run(stress_config(tasks, task_free, run_overrides))
-    return [stress(tasks, task_free, run_overrides) for run_overrides in runs]
+        preflight.check_run(stress_config(tasks, task_free, {**run_overrides, "runtime.chaos_seconds": chaos or 0}))
+    results = []
+    for run_overrides in runs:
+        results.append(stress(tasks, task_free, {**run_overrides, "runtime.chaos_seconds": 0} if chaos
+                              else run_overrides))
+        if chaos:
+            fault_free = results[-1]
+            results.append(stress(tasks, task_free, {**run_overrides, "runtime.chaos_seconds": chaos}))
+            results[-1]["same_as_fault_free"] = same_result(Path(fault_free["run_dir"]), Path(results[-1]["run_dir"]))
+    return results
+
+
+def same_result(first: Path, second: Path) -> bool:
+    """Whether two run folders hold the same result: accuracy matrix, slot history, memory bytes and samples."""
+    a, b = (json.loads((folder / "metrics.json").read_text()) for folder in (first, second))
+    return all(a[key] == b[key] for key in ("acc_matrix", "memory_bytes", "samples")) and (
+        a["slots"]["history"] == b["slots"]["history"])
 
 
 def table(results: list[dict]) -> str:
@@ -245,7 +283,7 @@ def table(results: list[dict]) -> str:
         return "yes" if ok else "NO"
     lines = ["| method | signal | seed | slots (bound) | revisit false expansions / tests | novel events detected "
              "(<= 3 blocks) | median delay (blocks) | monitor ms / batch | max RSS growth | throughput last / "
-             "second tenth |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "second tenth | kills / replays | fault-free result |", "|---" * 12 + "|"]
     for r in results:
         s, nv, tp = r["slots"], r["novelty"], r["throughput"]
         delay = "-" if nv["median_delay_blocks"] is None else f"{nv['median_delay_blocks']:.0f}"
@@ -255,5 +293,6 @@ def table(results: list[dict]) -> str:
             f"{mark(nv['false_rate_holds'])} | "
             f"{nv['detected']} / {nv['events']} {mark(nv['detection_holds'])} | {delay} | "
             f"{r['monitor_ms_per_batch']:.2f} | {100 * max(r['rss_growth_10_to_100pct'].values()):+.1f} % "
-            f"{mark(r['rss_holds'])} | {tp['ratio']:.2f} {mark(tp['holds'])} |")
+            f"{mark(r['rss_holds'])} | {tp['ratio']:.2f} {mark(tp['holds'])} | {r['kills']} / {r['recoveries']} | "
+            f"{mark(r['same_as_fault_free']) if 'same_as_fault_free' in r else '-'} |")
     return "\n".join(lines)

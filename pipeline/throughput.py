@@ -18,6 +18,7 @@ Writes throughput.csv, stages.csv and throughput.png.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import time
 from dataclasses import dataclass
@@ -140,7 +141,10 @@ class CpuMeter:
             self.marks.append((time.perf_counter(), self._sample()))
 
     def _sample(self) -> dict[str, float]:
-        seconds = {role: _user_system(p) for role, p in self.processes.items()}
+        seconds = {}
+        for role, process in self.processes.items():
+            with contextlib.suppress(psutil.NoSuchProcess):  # restarted after a fault: this role is not measured
+                seconds[role] = _user_system(process)
         seconds["machine"] = busy_cpu_seconds()
         return seconds
 
@@ -150,7 +154,7 @@ class CpuMeter:
         between the two reads."""
         (t0, a), (t1, b) = self.marks
         batches = self.batches - 1 - self.skip
-        spent = {role: b[role] - a[role] for role in b}
+        spent = {role: b[role] - a[role] for role in b if role in a}
         out = {"wall": t1 - t0, "source": spent.get("source", 0.0), "memory": spent.get("memory", 0.0),
                "monitor": spent.get("monitor", 0.0), "driver": spent["driver"],
                "encode": sum(v for role, v in spent.items() if role.startswith("encoder"))}
@@ -254,14 +258,15 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
     for transport in TRANSPORTS:  # warm-up: every actor started (and, cached, the feature cache filled)
         pipeline_run(case, images if case.cached else case.batch_size, image_size, out, actors, transport)
     encoders = [] if case.cached else [f"encoder{i}" for i in range(case.replicas)]  # not an earlier case's idle ones
-    pids = actors.pids([role for role in actors.handles if role in ("source", "memory", "monitor", *encoders)])
+    roles = [role for role in actors.handles if role in ("source", "memory", "monitor", *encoders)]
     batches = -(-len(rows) // case.batch_size)
     bares: list[tuple[float, float]] = []
     runs: dict[str, list[tuple[dict, dict]]] = {t: [] for t in TRANSPORTS}
     for _ in range(repeats):  # alternate, so slow spells of the machine hit every side
         bares.append(bare_loop(encoder, ds, rows, case))
         for transport in TRANSPORTS:
-            meter = CpuMeter(pids, batches, skip=RuntimeConfig().max_in_flight)
+            # the PIDs of this run's processes: a fault in an earlier run may have restarted an actor
+            meter = CpuMeter(actors.pids(roles), batches, skip=RuntimeConfig().max_in_flight)
             metrics = pipeline_run(case, images, image_size, out, actors, transport, meter)
             runs[transport].append((metrics, meter.per_batch()))
     bare, bare_cpu = sorted(bares)[len(bares) // 2]  # the median repeat by wall time, with its CPU

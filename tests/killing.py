@@ -1,7 +1,9 @@
-"""Fault injection for the pipeline tests: kill one actor once, at a chosen batch; or SIGKILL a `memcl` driver
-process once a checkpoint is on disk."""
+"""Fault injection for the pipeline tests: kill one actor once, at a chosen batch; kill seeded actors as chosen steps
+of the run begin (the commit, the evaluation, a checkpoint, a replay's restore, the run's report); or SIGKILL a
+`memcl` driver process once a checkpoint is on disk."""
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -20,6 +22,25 @@ def killer(actors, role: str, at: tuple[int, int], restart: bool):
         if (visit, index) == at and not done:
             done.append(True)
             ray.kill(actors.handle(role), no_restart=not restart)
+    return hook, done
+
+
+# the n-th time (1-based) each step begins: the kills a phase killer aims at every window of the run. Kills that
+# land before one replay are one fault; those at the start, an evaluation and the report are three apart at least.
+AIMS = {"start": 1, "evaluate": 2, "commit": 3, "checkpoint": 2, "restore": 1, "report": 1}
+
+
+def phase_killer(actors, roles: list[str], seed: int, aims: dict[str, int] = AIMS):
+    """An on_phase hook that kills a seeded choice of `roles` (restarted by Ray or not, also drawn) the n-th time
+    each phase of `aims` begins; and the list of (phase, role) it appends to at each kill."""
+    draw, seen, done = random.Random(seed), {}, []
+
+    def hook(phase: str) -> None:
+        seen[phase] = seen.get(phase, 0) + 1
+        if aims.get(phase) == seen[phase]:
+            role = draw.choice(roles)
+            ray.kill(actors.handle(role), no_restart=draw.random() < 0.5)
+            done.append((phase, role))
     return hook, done
 
 

@@ -1,12 +1,15 @@
-"""Actor faults at seeded random points: the run recovers, learns every sample exactly once, and ends with the
-accuracy matrix of an uninterrupted run."""
+"""Actor faults at seeded random points and at the start of every step of a run (commit, evaluation, checkpoint,
+restore, report): the run recovers, learns every sample exactly once, and ends with the accuracy matrix of an
+uninterrupted run; a kill storm stops it with one line and a checkpoint that --resume completes."""
 
 import numpy as np
 import pytest
+import ray
 
 from memcl.pipeline import runner
-from memcl.pipeline.config import load_config
-from tests.killing import killer
+from memcl.pipeline.config import dump_config, load_config
+from memcl.pipeline.errors import RunStopped
+from tests.killing import AIMS, killer, memcl, phase_killer
 
 pytestmark = pytest.mark.ray
 
@@ -48,3 +51,57 @@ def test_killed_actor_is_recovered_exactly_once(actors, reference, tmp_path, rol
     samples = metrics["samples"]
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
     assert metrics["slots"]["history"] == reference["slots"]["history"]
+
+
+CHAOS_ROLES = ["source", "encoder0", "memory", "monitor", "stage1", "stage2"]
+
+
+@pytest.mark.parametrize("transport, seed", [("actors", 1), ("compiled", 2)])
+def test_kills_aimed_at_every_step_of_the_run_give_the_uninterrupted_run(actors, reference, tmp_path, transport, seed):
+    """An actor dies as the run starts, evaluates, commits, checkpoints, restores after a fault and reports."""
+    hook, done = phase_killer(actors, CHAOS_ROLES, seed)
+    metrics = runner.run(config(tmp_path, **{"runtime.transport": transport, "runtime.checkpoint": True}),
+                         actors=actors, on_phase=hook).metrics
+    assert sorted(phase for phase, _ in done) == sorted(AIMS) and metrics["recoveries"] >= 3
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(reference["acc_matrix"]))
+    assert metrics["slots"]["history"] == reference["slots"]["history"]
+    assert metrics["memory_bytes"] == reference["memory_bytes"]
+    samples = metrics["samples"]
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
+
+
+def test_a_kill_storm_stops_the_run_at_its_checkpoint_and_resume_completes_it(actors, reference, tmp_path):
+    """Kills at every step once two rounds are committed, faster than any step can finish: the run stops after
+    runtime.max_recoveries faults in a row, naming the role, and --resume from its checkpoint gives the
+    uninterrupted run."""
+    checkpoints, killed = [], []
+
+    def storm(phase: str) -> None:
+        checkpoints.extend([phase] if phase == "checkpoint" else [])
+        if len(checkpoints) > 2:
+            role = CHAOS_ROLES[len(killed) % len(CHAOS_ROLES)]
+            ray.kill(actors.handle(role), no_restart=False)
+            killed.append(role)
+    cfg = config(tmp_path, **{"runtime.checkpoint": True, "runtime.max_recoveries": 2})
+    with pytest.raises(RunStopped) as stop:
+        runner.run(cfg, actors=actors, on_phase=storm)
+    message = str(stop.value)
+    assert "3 actor faults in a row" in message and any(f"the {role} actor" in message for role in CHAOS_ROLES)
+    assert "\n" not in message and (stop.value.run_dir / "checkpoints" / "ckpt-000002.sha256").is_file()
+    assert not (stop.value.run_dir / "metrics.json").exists()
+    metrics = runner.run(resume=stop.value.run_dir, actors=actors).metrics
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(reference["acc_matrix"]))
+    assert metrics["slots"]["history"] == reference["slots"]["history"]
+    samples = metrics["samples"]
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
+
+
+def test_chaos_mode_storm_on_the_command_line_is_one_line_and_resumable(tmp_path):
+    """`memcl run --chaos` killing faster than a step can finish: exit 1, one line that says how to resume."""
+    cfg = config(tmp_path, **{"runtime.max_recoveries": 1, "runtime.checkpoint": True})
+    dump_config(cfg, tmp_path / "storm.yaml")
+    proc = memcl("run", "--config", str(tmp_path / "storm.yaml"), "--chaos", "0.01")
+    out, _ = proc.communicate(timeout=300)
+    errors = [line for line in out.splitlines() if line.startswith("memcl: error:")]
+    assert proc.returncode == 1, out
+    assert len(errors) == 1 and "actor faults in a row" in errors[0] and "memcl run --resume" in errors[0], out

@@ -15,7 +15,7 @@ from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.miita.directions import AdaptConfig
 from memcl_ops.models.causal_lm import LMSpec
-from tests.killing import kill_driver_at_checkpoint, killer
+from tests.killing import AIMS, kill_driver_at_checkpoint, killer, phase_killer
 
 pytestmark = pytest.mark.ray
 
@@ -138,6 +138,17 @@ def test_actor_killed_mid_task_gives_the_uninterrupted_run(actors, tmp_path, zer
     hook, done = killer(actors, role, (task, 0 if method == "lora" else index), restart=point % 2 == 1)
     metrics = run(config(0.0, methods=(method,)), run_dir=tmp_path, actors=actors, on_batch=hook).metrics
     assert done and sum(r["recoveries"] for r in metrics["runs"].values()) >= 1
+    assert_same_runs(metrics, zero_step)
+
+
+@pytest.mark.parametrize("method, roles, seed", [("miita", ["lm_encoder", "memory"], 4),
+                                                 ("lora", ["lm_encoder", "lm_trainer"], 5)])
+def test_kills_aimed_at_every_step_of_the_run_give_the_uninterrupted_run(actors, tmp_path, zero_step, method, roles,
+                                                                        seed):
+    hook, done = phase_killer(actors, roles, seed)
+    metrics = run(config(0.0, methods=(method,)), run_dir=tmp_path, actors=actors, on_phase=hook).metrics
+    assert sorted(phase for phase, _ in done) == sorted(AIMS)
+    assert sum(r["recoveries"] for r in metrics["runs"].values()) >= 3
     assert_same_runs(metrics, zero_step)
 
 

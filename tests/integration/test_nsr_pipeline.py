@@ -13,7 +13,7 @@ import pytest
 
 from memcl.pipeline import runner
 from memcl.pipeline.config import dump_config, load_config
-from tests.killing import kill_driver_at_checkpoint, killer
+from tests.killing import AIMS, kill_driver_at_checkpoint, killer, phase_killer
 
 pytestmark = pytest.mark.ray
 
@@ -83,6 +83,13 @@ def test_actor_killed_mid_visit_gives_the_uninterrupted_run(actors, tmp_path, ti
     hook, done = killer(actors, role, tuple(KILL_POINTS[point]), restart=point % 2 == 1)
     metrics = runner.run(config(tmp_path, f"hf:{tiny_bert}"), actors=actors, on_batch=hook).metrics
     assert done and metrics["recoveries"] >= 1
+    assert_same_run(metrics, bank_run)
+
+
+def test_kills_aimed_at_every_step_of_the_run_give_the_uninterrupted_run(actors, tmp_path, tiny_bert, bank_run):
+    hook, done = phase_killer(actors, ["source", "adapter_trainer", "memory"], seed=3)
+    metrics = runner.run(config(tmp_path, f"hf:{tiny_bert}"), actors=actors, on_phase=hook).metrics
+    assert sorted(phase for phase, _ in done) == sorted(AIMS) and metrics["recoveries"] >= 3
     assert_same_run(metrics, bank_run)
 
 
