@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memcl.pipeline.stress import stress
+from memcl.pipeline.stress import compare, stress
 
 pytestmark = [pytest.mark.stress, pytest.mark.ray]
 
@@ -52,3 +52,12 @@ def test_paper_signal_keeps_the_bound(paper_run):
     assert paper_run["signal"] == "paper"
     slots = paper_run["slots"]
     assert slots["final"] <= slots["bound"], slots
+
+
+def test_chaos_mode_survives_its_kills_and_ends_with_the_fault_free_result(tmp_path):
+    fault_free, chaos = compare(300, False, {"runtime.out": str(tmp_path)}, ["reference"], chaos=3)
+    assert "same_as_fault_free" not in fault_free and fault_free["kills"] == 0
+    assert chaos["kills"] >= 5 and chaos["recoveries"] >= 1, chaos
+    assert chaos["same_as_fault_free"] and chaos["slots"]["holds"]
+    samples = chaos["samples"]
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"]
