@@ -112,9 +112,9 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         if unknown or parts.keys() - set(pipe.roles.names):
             raise ConfigError(f"{path}: written by an older memcl (run state {sorted(unknown)}, roles "
                               f"{sorted(parts)}); it cannot be resumed, start a new run")
+        state = recovery.state = RunState(**meta)  # before the resume: a fault there counts among its recoveries
         recovery.run("the resume", lambda: pipe.roles.resume(parts, path))
         recovery.last_good = parts
-        state = recovery.state = RunState(**meta)
         log.info("resumed from %s at round %d", path, state.next_round)
     state.add_wall("setup", setup_seconds)
     earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)

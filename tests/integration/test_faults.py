@@ -74,14 +74,13 @@ def test_a_kill_storm_stops_the_run_at_its_checkpoint_and_resume_completes_it(ac
     """Kills at every step once two rounds are committed, faster than any step can finish: the run stops after
     runtime.max_recoveries faults in a row, naming the role, and --resume from its checkpoint gives the
     uninterrupted run."""
-    checkpoints, killed = [], []
+    seen = {"checkpoint": 0, "kills": 0}
 
     def storm(phase: str) -> None:
-        checkpoints.extend([phase] if phase == "checkpoint" else [])
-        if len(checkpoints) > 2:
-            role = CHAOS_ROLES[len(killed) % len(CHAOS_ROLES)]
-            ray.kill(actors.handle(role), no_restart=False)
-            killed.append(role)
+        seen["checkpoint"] += phase == "checkpoint"
+        if seen["checkpoint"] > 2:
+            ray.kill(actors.handle(CHAOS_ROLES[seen["kills"] % len(CHAOS_ROLES)]), no_restart=False)
+            seen["kills"] += 1
     cfg = config(tmp_path, **{"runtime.checkpoint": True, "runtime.max_recoveries": 2})
     with pytest.raises(RunStopped) as stop:
         runner.run(cfg, actors=actors, on_phase=storm)
@@ -96,7 +95,7 @@ def test_a_kill_storm_stops_the_run_at_its_checkpoint_and_resume_completes_it(ac
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
 
 
-def test_chaos_mode_storm_on_the_command_line_is_one_line_and_resumable(tmp_path):
+def test_chaos_mode_storm_on_the_command_line_is_one_line_naming_the_resume_command(tmp_path):
     """`memcl run --chaos` killing faster than a step can finish: exit 1, one line that says how to resume."""
     cfg = config(tmp_path, **{"runtime.max_recoveries": 1, "runtime.checkpoint": True})
     dump_config(cfg, tmp_path / "storm.yaml")
