@@ -4,14 +4,31 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
+import uuid
 
 import ray
 from ray import exceptions as rex
 
-# Failures of the machinery (a worker or actor died, an object was lost, a compiled graph's channel broke with
-# its actor) that a replay from the last good state repairs; anything else (a bug, bad code) is re-raised at once.
+# How long a revival waits for Ray's restart of a killed actor before it starts a new one instead.
+RESTART_WAIT_SECONDS = 60.0
+# A token of this process: an actor Ray restarted runs in a new process and answers with a new one.
+_PROCESS_TOKEN = uuid.uuid4().hex
+
+
+class ActorRestarted(RuntimeError):
+    """An actor was restarted (its state lost) between two of the runner's calls, with no call failing."""
+
+    def __init__(self, role: str):
+        super().__init__(f"the {role} actor was restarted since the last committed state")
+        self.role = role
+
+
+# Failures of the machinery (a worker or actor died or restarted, an object was lost, a compiled graph's channel
+# broke with its actor) that a replay from the last good state repairs; anything else (a bug, bad code) is
+# re-raised at once.
 FAULTS = (rex.RayActorError, rex.ActorUnavailableError, rex.ObjectLostError, rex.OwnerDiedError,
-          rex.WorkerCrashedError, rex.RayChannelError)
+          rex.WorkerCrashedError, rex.RayChannelError, ActorRestarted)
 
 
 def is_fault(err: BaseException) -> bool:
@@ -37,28 +54,61 @@ class ActorCache:
                 return known[3]
             except FAULTS:
                 pass  # dead since its last use: start a new one
+        handle = self._start_anew(role, actor_class, options, args)
+        self._wait_ready([role])
+        return handle
+
+    def _start_anew(self, role: str, actor_class: type, options: dict, args: tuple) -> ray.actor.ActorHandle:
+        known = self.handles.get(role)
         if known is not None:
             ray.kill(known[3])
         handle = actor_class.options(**options).remote(*args)
         self.handles[role] = (actor_class, options, args, handle)
-        if options.get("num_cpus") == 0:
-            # A learner actor reserves nothing, so it is scheduled at once: wait for its process start here (a run's
-            # setup) rather than inside whichever timed phase first calls it. (Actors that reserve resources may wait
-            # for a node and are not waited for.) A start that fails is reported by that first call, as before.
-            with contextlib.suppress(FAULTS):
-                ray.get(handle.__ray_ready__.remote())
         return handle
 
-    def revive(self, role: str) -> ray.actor.ActorHandle:
-        """The role's actor, alive and reset to its construction arguments (restarted by Ray or started anew)."""
-        actor_class, options, args, _ = self.handles[role]
-        return self.get(role, actor_class, options, *args)
+    def _wait_ready(self, roles: list[str]) -> None:
+        # A learner actor reserves nothing, so it is scheduled at once: wait for its process start here (a run's
+        # setup, a revival) rather than inside whichever timed phase first calls it. (Actors that reserve resources
+        # may wait for a node and are not waited for.) A start that fails is reported by that first call.
+        light = [self.handle(r) for r in roles if self.handles[r][1].get("num_cpus") == 0]
+        with contextlib.suppress(FAULTS):
+            ray.get([handle.__ray_ready__.remote() for handle in light])
+
+    def revive(self, roles: list[str]) -> None:
+        """Each role's actor alive and reset to its construction arguments, side by side: a restart Ray has under
+        way is waited for (it started at the fault), an actor past its restarts or dead for good starts anew."""
+        calls = {role: self.handle(role).reset.remote(*self.handles[role][2]) for role in roles}
+        deadline = time.monotonic() + RESTART_WAIT_SECONDS
+        started = []
+        for role, call in calls.items():
+            while True:
+                try:
+                    ray.get(call)
+                    break
+                except rex.ActorUnavailableError:  # restarting: ask again once Ray has it back
+                    if time.monotonic() > deadline:
+                        self._start_anew(role, *self.handles[role][:3])
+                        started.append(role)
+                        break
+                    time.sleep(0.1)
+                    call = self.handle(role).reset.remote(*self.handles[role][2])
+                except FAULTS:
+                    self._start_anew(role, *self.handles[role][:3])
+                    started.append(role)
+                    break
+        self._wait_ready(started)
+
+    def incarnations(self, roles: list[str]) -> dict[str, str]:
+        """A token per role's actor process; it changes when Ray restarts the actor (losing its state)."""
+        return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_process_token) for r in roles])))
 
     def handle(self, role: str) -> ray.actor.ActorHandle:
         return self.handles[role][3]
 
     def role_of(self, err: BaseException) -> str | None:
         """The role whose actor an actor fault names (None where it names none of this cache's)."""
+        if isinstance(err, ActorRestarted):
+            return err.role
         cause = err.cause if isinstance(err, rex.RayTaskError) and err.cause is not None else err
         actor_id = getattr(cause, "actor_id", None)
         if isinstance(actor_id, bytes):
@@ -75,6 +125,10 @@ class ActorCache:
         for *_, handle in self.handles.values():
             ray.kill(handle)
         self.handles.clear()
+
+
+def _process_token(actor) -> str:  # run in an actor by `__ray_call__`
+    return _PROCESS_TOKEN
 
 
 def _pid(actor) -> int:  # run in an actor by `__ray_call__`, which passes the actor instance first

@@ -80,6 +80,5 @@ class EncoderPool:
         return [replica.take_statistics.remote() for replica in self.replicas]
 
     def revive(self) -> None:
-        for role in self.roles:
-            self.actors.revive(role)
+        self.actors.revive(self.roles)
         self.in_flight = {role: [] for role in self.roles}

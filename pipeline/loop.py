@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from memcl.pipeline import checkpoint, report
-from memcl.pipeline.actor_cache import is_fault
+from memcl.pipeline.actor_cache import ActorRestarted, is_fault
 from memcl.pipeline.chaos import Chaos
 from memcl.pipeline.config import ConfigError, RuntimeConfig
 from memcl.pipeline.errors import RunStopped
@@ -64,12 +64,15 @@ def new_run_dir(out: str, name: str) -> Path:
 class Recovery:
     """Every step of a run that calls its actors goes through `run`: where an actor fault interrupts the step, every
     role is revived and restored to the last committed state (`last_good`; None before the first: the actors'
-    construction state) and the step runs again from there. A fault while reviving is one more fault of the step;
+    construction state) and the step runs again from there. An actor Ray restarted between two calls fails none of
+    them but has lost its state: each step ends by checking that every role is still the process it was, and a
+    restart found there is a fault of the step. A fault while reviving is one more fault of the step;
     `runtime.max_recoveries` faults in a row of one step end the run (RunStopped, its checkpoint kept)."""
 
     def __init__(self, pipe: StreamPipeline, state: RunState, rt: RuntimeConfig, run_dir: Path, reports: Reports):
         self.pipe, self.state, self.rt, self.run_dir, self.reports = pipe, state, rt, run_dir, reports
         self.last_good: dict[str, checkpoint.State] | None = None
+        self.incarnations: dict[str, str] | None = None  # each role's process since the last revival
 
     def run(self, what: str, step: Callable[[], T]) -> T:
         faults, revive = 0, False
@@ -77,9 +80,16 @@ class Recovery:
             try:
                 if revive:
                     self.reports.phase("restore")
+                    t_revive = time.perf_counter()
                     self.pipe.revive(self.last_good)
-                    revive = False
-                return step()
+                    self.state.add_wall("recovery", time.perf_counter() - t_revive)
+                    log.info("revived every role in %.1f s", time.perf_counter() - t_revive)
+                    self.incarnations, revive = None, False
+                if self.incarnations is None:
+                    self.incarnations = self.pipe.roles.incarnations()
+                result = step()
+                self._check_incarnations()
+                return result
             except Exception as err:
                 if not is_fault(err):
                     raise
@@ -94,6 +104,12 @@ class Recovery:
                             where, type(err).__name__)
                 self.state.recoveries += 1
                 revive = True
+
+    def _check_incarnations(self) -> None:
+        now = self.pipe.roles.incarnations()
+        restarted = [role for role, token in now.items() if self.incarnations.get(role) != token]
+        if restarted:
+            raise ActorRestarted(restarted[0])
 
 
 def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig, bars: Progress, metrics: dict, *,

@@ -142,8 +142,10 @@ class Roles:
                                   ) from err
 
     def revive(self) -> None:
-        for role in self.names:
-            self.actors.revive(role)
+        self.actors.revive(self.names)
+
+    def incarnations(self) -> dict[str, str]:
+        return self.actors.incarnations(self.names)
 
     def timings(self) -> dict[str, dict]:
         names = self.all_names()

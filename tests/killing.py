@@ -25,6 +25,21 @@ def killer(actors, role: str, at: tuple[int, int], restart: bool):
     return hook, done
 
 
+def restarted_quietly(handle) -> None:
+    """Kill an actor for Ray to restart and wait until the restart is done, so that no call of the runner fails:
+    the actor answers again, from its construction state."""
+    ray.kill(handle, no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(handle.__ray_ready__.remote())
+            return
+        except ray.exceptions.ActorUnavailableError:  # still restarting (the first calls may still reach the old one)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 # the n-th time (1-based) each step begins: the kills a phase killer aims at every window of the run. Kills that
 # land before one replay are one fault; those at the start, an evaluation and the report are three apart at least.
 AIMS = {"start": 1, "evaluate": 2, "commit": 3, "checkpoint": 2, "restore": 1, "report": 1}

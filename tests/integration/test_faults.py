@@ -9,7 +9,7 @@ import ray
 from memcl.pipeline import runner
 from memcl.pipeline.config import dump_config, load_config
 from memcl.pipeline.errors import RunStopped
-from tests.killing import AIMS, killer, memcl, phase_killer
+from tests.killing import AIMS, killer, memcl, phase_killer, restarted_quietly
 
 pytestmark = pytest.mark.ray
 
@@ -66,6 +66,24 @@ def test_kills_aimed_at_every_step_of_the_run_give_the_uninterrupted_run(actors,
     np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(reference["acc_matrix"]))
     assert metrics["slots"]["history"] == reference["slots"]["history"]
     assert metrics["memory_bytes"] == reference["memory_bytes"]
+    samples = metrics["samples"]
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
+
+
+@pytest.mark.parametrize("role", ["memory", "stage2"])
+def test_an_actor_restarted_between_calls_is_caught_and_replayed(actors, reference, tmp_path, role):
+    """Ray restarts a killed actor before the runner calls it again: no call fails, but the actor has lost its
+    state; the run notices the new process and replays from the last committed state."""
+    seen = {"checkpoint": 0}
+
+    def hook(phase: str) -> None:
+        seen["checkpoint"] += phase == "checkpoint"
+        if phase == "checkpoint" and seen["checkpoint"] == 2:
+            restarted_quietly(actors.handle(role))
+    metrics = runner.run(config(tmp_path), actors=actors, on_phase=hook).metrics
+    assert metrics["recoveries"] == 1
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(reference["acc_matrix"]))
+    assert metrics["slots"]["history"] == reference["slots"]["history"]
     samples = metrics["samples"]
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
 
