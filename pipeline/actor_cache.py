@@ -35,7 +35,14 @@ def is_fault(err: BaseException) -> bool:
     cause = err.cause if isinstance(err, rex.RayTaskError) else err
     if isinstance(cause, rex.RayChannelTimeoutError):  # a hung step: replaying it would hang again
         return False
+    if failed_to_start(cause):  # its constructor raised: it would again
+        return False
     return isinstance(err, FAULTS) or isinstance(cause, FAULTS)
+
+
+def failed_to_start(err: BaseException) -> bool:
+    """Whether `err` is an actor's constructor raising (Ray keeps only its traceback's text)."""
+    return isinstance(err, rex.ActorDiedError) and err.actor_init_failed
 
 
 class ActorCache:

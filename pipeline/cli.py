@@ -29,6 +29,14 @@ def _overrides(args: argparse.Namespace) -> dict:
         out["runtime.out"] = args.out
     if getattr(args, "seed", None) is not None:
         out["seed"] = args.seed
+    if args.func is cmd_lm and args.methods:
+        out["methods"] = [m for m in args.methods.split(",") if m]
+    if args.func is cmd_lm and args.budgets:
+        try:
+            out["budgets"] = [int(b) for b in args.budgets.split(",") if b]
+        except ValueError:
+            raise ConfigError(f"--budgets expects comma-separated byte counts (e.g. 16384,65536), got "
+                              f"{args.budgets!r}") from None
     if getattr(args, "chaos", None) is not None and args.func is not cmd_stress:  # stress runs fault-free beside it
         out["runtime.chaos_seconds"] = args.chaos
     return out
@@ -40,7 +48,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume:
         return _report(runner.run(resume=Path(args.resume)))
-    return _report(runner.run(load_config(args.config, _overrides(args))))
+    config = load_config(args.config, _overrides(args))
+    if args.check:
+        from memcl.pipeline import preflight
+
+        spec = preflight.check_run(preflight.with_absolute_paths(config))
+        print(f"memcl: the run can start: {spec.name} ({spec.family}) on {config.data.dataset}, "
+              f"encoder {config.encoder.spec.name}")
+        return 0
+    return _report(runner.run(config))
 
 
 def cmd_lm(args: argparse.Namespace) -> int:
@@ -49,7 +65,13 @@ def cmd_lm(args: argparse.Namespace) -> int:
 
     if args.resume:
         return _report(runner.run(resume=Path(args.resume)))
-    return _report(runner.run(load_config(args.config, _overrides(args), cls=lm.LMRunConfig)))
+    config = load_config(args.config, _overrides(args), cls=lm.LMRunConfig)
+    if args.check:
+        specs, tasks = lm.check_config(config)
+        print(f"memcl: the runs can start: {', '.join(s.name for s in specs)} on {len(tasks)} tasks, "
+              f"model {config.model.name}")
+        return 0
+    return _report(runner.run(config))
 
 
 def _report(result) -> int:
@@ -207,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     seed_help = "the run's seed (model initialisation, sampling); default 0"
     chaos_help = ("chaos mode: kill a random actor of the run every SECONDS while it streams (runtime.chaos_seconds); "
                   "the run replays from its last committed state")
+    check_help = ("check the config, and that its data, encoder or model are on this machine, without starting Ray; "
+                  "exit 0 if the run can start")
     run = command("run", "run one continual-learning stream (the embedded default without --config)")
     run.add_argument("--config", help="YAML file overriding the embedded default (`memcl config --show` lists keys)")
     run.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
@@ -214,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help=seed_help)
     run.add_argument("--chaos", type=float, metavar="SECONDS", help=chaos_help)
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last good checkpoint")
+    run.add_argument("--check", action="store_true", help=check_help)
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override one config value, e.g. --set method.name=finetune")
     run.set_defaults(func=cmd_run)
@@ -237,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--out", help="parent folder of the run folder (default: runs)")
     lm.add_argument("--seed", type=int, help=seed_help)
     lm.add_argument("--chaos", type=float, metavar="SECONDS", help=chaos_help)
+    lm.add_argument("--check", action="store_true", help=check_help)
+    lm.add_argument("--methods", help="comma-separated LM methods (default: base,replay,miita,lora; `memcl list "
+                    "methods` marks them 'lm')")
+    lm.add_argument("--budgets", help="comma-separated byte budgets of the memory methods (default: 16384,65536)")
     lm.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one config value, e.g. --set budgets=[8192] --set method.adapt.step=0.2")
     lm.set_defaults(func=cmd_lm)

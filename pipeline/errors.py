@@ -24,16 +24,26 @@ class RunStopped(RuntimeError):
         self.why, self.run_dir, self.command = why, run_dir, command
 
 
+# the errors that are the user's to fix (a config, a path, something to install), by class name (an actor's
+# constructor error arrives as text only, and naming them keeps this module free of heavy imports)
+USER_ERRORS = ("ConfigError", "DatasetUnavailable", "FileNotFoundError", "LMUnavailable", "EncoderUnavailable")
+
+
 def one_line(err: BaseException) -> tuple[str, bool]:
     """(the message of `err` on one line, whether it is the user's error rather than memcl's)."""
-    from memcl.pipeline.config import ConfigError
-    from memcl_ops.data.datasets import DatasetUnavailable
-
     if "ray" in sys.modules:  # an actor's error arrives wrapped; what matters is the cause
         from ray.exceptions import RayTaskError
 
+        from memcl.pipeline.actor_cache import failed_to_start
+
         while isinstance(err, RayTaskError) and err.cause is not None:
             err = err.cause
-    user = isinstance(err, ConfigError | DatasetUnavailable | FileNotFoundError)  # a path the user gave
+        if failed_to_start(err):
+            # the actor's constructor raised: Ray keeps only its traceback's text, whose last line is the error
+            last = next((line for line in reversed(err.error_msg.splitlines()) if line.strip()), "")
+            name, _, text = last.partition(": ")
+            user = name.rsplit(".", 1)[-1] in USER_ERRORS
+            return (" ".join(text.split()) if user else f"an actor could not start: {' '.join(last.split())}"), user
+    user = any(cls.__name__ in USER_ERRORS for cls in type(err).__mro__)
     text = " ".join(str(err).split())
     return (text if user else f"{type(err).__name__}: {text}"), user

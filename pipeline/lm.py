@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +40,11 @@ from memcl.actors.lm_encoder import LMEncoder
 from memcl.actors.lm_trainer import LMTrainer
 from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint, report
-from memcl.pipeline.actor_cache import FAULTS, ActorCache
+from memcl.pipeline.actor_cache import FAULTS, ActorCache, failed_to_start
 from memcl.pipeline.config import ConfigError, RuntimeConfig, dump_config
-from memcl.pipeline.errors import RunInterrupted, RunStopped
+from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
 from memcl.pipeline.executors import ActorCalls
-from memcl.pipeline.loop import PhaseHook, new_run_dir, stream
+from memcl.pipeline.loop import PhaseHook, discard_unstarted, new_run_dir, stream
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
 from memcl_ops import metrics as M
@@ -51,9 +53,11 @@ from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_sco
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.methods import family_methods, lm_method
-from memcl_ops.models.causal_lm import LMSpec, check_lm_name
+from memcl_ops.models.causal_lm import LMSpec, LMUnavailable, check_lm
 from memcl_ops.roles.lm import LMFlow
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds
+
+log = logging.getLogger("memcl")
 
 SCORES = ("exact", "first_word", "label_restricted", "rouge_l")  # per answer: memcl_ops/data/lm_tasks.py
 QUERY_COST = ("prompt_tokens", "ms_per_query")
@@ -83,6 +87,17 @@ class RunSpec:
         if self.budget is None:
             return self.method
         return f"{self.method}@{self.budget // 1024}KiB" if self.budget % 1024 == 0 else f"{self.method}@{self.budget}B"
+
+
+def check_config(config: LMRunConfig) -> tuple[list[RunSpec], list[TextTask]]:
+    """The (method, budget) runs of `config` and its task stream, or ConfigError (one line) for what would fail
+    after Ray starts: a method or budget, the model (its name, and the package or folder it loads from), a task."""
+    try:
+        specs = run_specs(config)
+        check_lm(config.model)
+        return specs, build_stream(config.stream)
+    except (ValueError, LMUnavailable) as err:
+        raise ConfigError(str(err)) from err
 
 
 def run_specs(config: LMRunConfig) -> list[RunSpec]:
@@ -311,16 +326,11 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
     """What `memcl.pipeline.runner.run` does with an `LMRunConfig`: every method (and budget) of `config` over its task
     stream, each through the one round loop (`resumed`: continue the runs of `run_dir`). `actors`: reuse the
     actors of earlier runs (they are reset); by default they are killed after."""
-    try:  # before Ray starts: a bad config fails at once, with one line
-        specs = run_specs(config)
-        check_lm_name(config.model.name)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    own = actors is None
+    specs, tasks = check_config(config)  # before Ray starts: a bad config fails at once, with one line
+    own, given_dir = actors is None, run_dir
     actors = actors or ActorCache()
     try:
         started = time.perf_counter()
-        tasks = build_stream(config.stream)
         ensure_ray(config)
         rt = config.runtime
         bars = Progress(enabled=rt.progress if progress is None else progress)
@@ -334,20 +344,31 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
             bars.wait([ctx.extraction(t, i) for t in range(len(tasks)) for i in range(len(ctx.train[t]))],
                       "extract hidden states", "batch")
             extract_seconds = time.perf_counter() - t0
-            runs = {}
+            runs, skipped = {}, {}
             for spec in specs:
                 folder = run_dir / "runs" / spec.name.replace("@", "_")
                 if resumed and (folder / "metrics.json").is_file():
                     runs[spec.name] = RunResult.of(folder, json.loads((folder / "metrics.json").read_text()))
                     continue
                 folder.mkdir(parents=True, exist_ok=True)
-                runs[spec.name] = stream(LMPipeline(ctx, spec), folder, resumed, rt, bars,
-                                         {"dataset": ctx.info.name, "seed": config.seed},
-                                         started=time.perf_counter(), on_batch=on_batch, on_phase=on_phase)
+                try:
+                    runs[spec.name] = stream(LMPipeline(ctx, spec), folder, resumed, rt, bars,
+                                             {"dataset": ctx.info.name, "seed": config.seed},
+                                             started=time.perf_counter(), on_batch=on_batch, on_phase=on_phase)
+                except Exception as err:  # this (method, budget) cannot run (a budget too small for one entry)
+                    if not (isinstance(err, ValueError) or failed_to_start(err)):
+                        raise
+                    skipped[spec.name] = one_line(err)[0]
+                    log.warning("memcl lm: skipped %s: %s", spec.name, skipped[spec.name])
+                    shutil.rmtree(folder, ignore_errors=True)
         except KeyboardInterrupt:
             raise RunInterrupted(run_dir, command="memcl lm") from None
         except RunStopped as stop:
             raise RunStopped(f"{stop.run_dir.name}: {stop.why}", run_dir, command="memcl lm") from stop
+        except Exception:
+            if not resumed and given_dir is None:
+                discard_unstarted(run_dir)
+            raise
         try:
             encoder_busy = ray.get(ctx.encoder.timings.remote())
         except FAULTS:  # killed as the last run ended (chaos mode): its busy time went with it
@@ -357,6 +378,7 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
             "model": {**ctx.model, "spec": config.model.name}, "seed": config.seed,
             "tasks": [t.name for t in tasks], "answers": {t.name: list(t.answers) for t in tasks},
             "runs": {name: _run_entry(r.metrics) for name, r in runs.items()},
+            "skipped": skipped,  # run name -> why it could not run
             "wall_seconds": {"total": time.perf_counter() - started, "extract": extract_seconds},
             # the frozen LM serves every run (its busy time is the whole command's); the others are per run
             "actor_busy_seconds": {"lm_encoder": encoder_busy,
@@ -438,6 +460,8 @@ def summary_table(metrics: dict) -> str:
         s = r["summary"]
         scores = f"{100 * s['a_last']:6.1f} {100 * s['bwt']:7.1f} {r['final_answer_nll']:6.2f}"
         lines.append(f"{name:<16} {scores}  {cells}   {mem}")
+    for name, why in metrics.get("skipped", {}).items():
+        lines.append(f"{name:<16} skipped: {why}")
     lines.append(f"\nwall seconds: {metrics['wall_seconds']['total']:.0f} total, "
                  f"{metrics['wall_seconds']['extract']:.0f} extraction; per run: "
                  + ", ".join(f"{n} {r['wall_seconds']['total']:.0f}" for n, r in metrics["runs"].items()))

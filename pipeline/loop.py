@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -59,6 +60,14 @@ def new_run_dir(out: str, name: str) -> Path:
             return path
         except FileExistsError:
             path, n = base.with_name(f"{base.name}-{n}"), n + 1
+
+
+def discard_unstarted(run_dir: Path | None) -> None:
+    """Remove a run folder this call created when the run failed before committing anything (no checkpoint, no
+    metrics): it would hold only config.yaml, a run that never was."""
+    if run_dir is not None and run_dir.is_dir() and not any(run_dir.rglob("ckpt-*")) and not any(
+            run_dir.rglob("metrics.json")):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 class Recovery:

@@ -26,7 +26,7 @@ from memcl.actors.adapter_trainer import AdapterTrainer
 from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint
 from memcl.pipeline.actor_cache import ActorCache
-from memcl.pipeline.config import RunConfig
+from memcl.pipeline.config import ConfigError, RunConfig
 from memcl.pipeline.executors import ActorCalls
 from memcl.pipeline.progress import InFlight, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
@@ -41,14 +41,14 @@ class NSRPipeline:
     def __init__(self, config: RunConfig, info: StreamInfo, actors: ActorCache) -> None:
         self.config, self.info = config, info
         self.nsr = method_spec(config.method.name).resolve(config.method).nsr
-        if info.payload not in ("text", "image"):
-            raise ValueError(f"NSR trains LoRA inside the encoder, so it needs raw text or image batches; the stream "
-                             f"{info.name!r} carries {info.payload!r}")
         enc, rt = config.encoder, config.runtime
         gpus = enc.num_gpus
         if gpus == "auto":
             gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
         n_way = max(len(c) for c in info.task_classes)
+        if min(len(c) for c in info.task_classes) < 2:  # the classes of own data are known only once it is read
+            raise ConfigError(f"stream.tasks: {config.method.name} learns each task with its own head of two classes "
+                              f"or more; {info.name} gives tasks of {[len(c) for c in info.task_classes]} classes")
         trainer = actors.get("adapter_trainer", AdapterTrainer,
                              {"num_cpus": enc.num_cpus, "num_gpus": gpus, "max_restarts": rt.max_restarts},
                              enc.spec, info.payload, self.nsr, n_way, config.seed, enc.threads)

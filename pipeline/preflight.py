@@ -7,10 +7,11 @@ import dataclasses
 from pathlib import Path
 
 from memcl.pipeline.config import ConfigError, RunConfig
-from memcl_ops.data.datasets import DatasetUnavailable
+from memcl_ops.data.datasets import DATASETS, DatasetUnavailable
 from memcl_ops.data.sources import check_source
+from memcl_ops.data.streams import task_classes
 from memcl_ops.methods import METHODS
-from memcl_ops.models.encoders import ENCODER_NAMES, is_encoder_name
+from memcl_ops.models.encoders import ENCODER_NAMES, has_lora_sites, is_encoder_name
 from memcl_ops.spec import MethodSpec
 
 
@@ -26,7 +27,7 @@ def check_run(config: RunConfig) -> MethodSpec:
     spec = method(config.method.name)
     if spec.family == "lm":
         raise ConfigError(f"method.name: {spec.name} answers text prompts with a causal LM; run it with `memcl lm "
-                          f"--set 'methods=[{spec.name}]'` (memcl run takes: "
+                          f"--methods {spec.name}` (memcl run takes: "
                           + ", ".join(n for n, s in METHODS.items() if s.family != "lm") + ")")
     if config.stream.task_free and not spec.task_free:
         raise ConfigError(f"stream.task_free: method {spec.name} needs task boundaries; accepted with task_free: "
@@ -38,7 +39,35 @@ def check_run(config: RunConfig) -> MethodSpec:
         check_source(config.data, config.stream)
     except (ValueError, DatasetUnavailable) as err:
         raise ConfigError(str(err)) from err
+    if spec.family == "nsr":
+        _check_nsr(spec, config)
     return spec
+
+
+NSR_EXAMPLE = "`memcl run --config pipeline/configs/nsr-bbc-cyclic.yaml` runs NSR on BBC News with MiniLM"
+
+
+def _check_nsr(spec: MethodSpec, config: RunConfig) -> None:
+    """NSR trains LoRA inside the encoder on raw rows, with a task-local head of two classes or more."""
+    if config.stream.task_free:
+        return  # refused above: NSR needs task boundaries
+    encoder = config.encoder.spec.name
+    if not has_lora_sites(encoder):
+        raise ConfigError(f"encoder.spec.name: {spec.name} trains LoRA inside the encoder's linear and attention "
+                          f"layers, and {encoder} has none; use minilm (text), open_clip:<ViT> (images) or "
+                          f"hf:<folder>; {NSR_EXAMPLE}")
+    dataset = config.data.dataset
+    payload = (DATASETS[dataset].payload if dataset in DATASETS else "features" if dataset in ("synthetic", "drift")
+               else "image" if dataset.startswith("image-folder:") else config.data.payload)
+    if payload not in ("text", "image"):
+        raise ConfigError(f"data.dataset: {spec.name} trains LoRA inside the encoder, so it needs raw text or image "
+                          f"rows; {dataset} carries {payload}; {NSR_EXAMPLE}")
+    if dataset in DATASETS:
+        tasks = task_classes(DATASETS[dataset].num_classes, config.stream)
+        if min(len(t) for t in tasks) < 2:
+            raise ConfigError(f"stream.tasks: {spec.name} learns each task with its own head of two classes or more, "
+                              f"and {dataset} split into {len(tasks)} tasks gives a task of "
+                              f"{min(len(t) for t in tasks)}; set fewer tasks or stream.task_classes; {NSR_EXAMPLE}")
 
 
 def with_absolute_paths(config: RunConfig) -> RunConfig:

@@ -35,11 +35,14 @@ def ensure_ray(config) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     rt = config.runtime
     address = rt.address or os.environ.get("RAY_ADDRESS")
+    # The actors' own output (library prints, warnings, an actor's traceback) stays in Ray's session logs
+    # (/tmp/ray/session_latest/logs): on the terminal it would break the progress bars, and an actor's error
+    # reaches the driver as the exception it raised.
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     else:
         ray.init(num_cpus=rt.num_cpus, include_dashboard=False, object_store_memory=rt.object_store_mb * 2**20,
-                 logging_level=logging.WARNING)
+                 logging_level=logging.WARNING, log_to_driver=False)
 
 
 @dataclass

@@ -15,10 +15,10 @@ import yaml
 from memcl.pipeline import preflight
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RunConfig, dump_config, load_config
-from memcl.pipeline.errors import RunInterrupted
+from memcl.pipeline.errors import RunInterrupted, RunStopped
 from memcl.pipeline.features import FeaturePipeline
 from memcl.pipeline.lm import LMResult, LMRunConfig, run_methods
-from memcl.pipeline.loop import PhaseHook, RoundHook, new_run_dir, stream
+from memcl.pipeline.loop import PhaseHook, RoundHook, discard_unstarted, new_run_dir, stream
 from memcl.pipeline.nsr import NSRPipeline
 from memcl.pipeline.progress import Progress
 from memcl.pipeline.roles import BatchHook, RunResult, StreamPipeline, ensure_ray, stream_source
@@ -45,7 +45,7 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
                            on_batch=on_batch, on_phase=on_phase)
     config = preflight.with_absolute_paths(config or RunConfig())
     spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
-    own = actors is None
+    own, given_dir = actors is None, run_dir
     actors = actors or ActorCache()
     try:
         started = time.perf_counter()
@@ -73,6 +73,12 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
                 pipe.close()
         except KeyboardInterrupt:
             raise RunInterrupted(run_dir) from None
+        except RunStopped:
+            raise  # its checkpoint is what --resume continues from
+        except Exception:
+            if resume is None and given_dir is None:
+                discard_unstarted(run_dir)
+            raise
     finally:
         if own:
             actors.close()

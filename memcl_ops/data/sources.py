@@ -435,6 +435,9 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
     if name == "synthetic":
         _check_split(source.synthetic.classes, stream, name)
     elif kind == "arrow":
+        if not Path(path).is_dir():
+            raise ValueError(f"data.dataset: {path}: no such folder (an arrow:<folder> stream needs <folder>/train/, "
+                             "optional <folder>/test/)")
         files = data_files(Path(path) / "train")
         if not files:
             raise ValueError(f"data.dataset: {path}/train/ holds no {', '.join(ARROW_SUFFIXES)} files "
@@ -443,6 +446,9 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
             raise ValueError(f"data.feature_dim: {name} carries features (data.payload=features); set the width "
                              "the learner accepts, or data.payload=image / text for raw rows")
     elif kind == "image-folder":
+        if not Path(path).is_dir():
+            raise ValueError(f"data.dataset: {path}: no such folder (an image-folder:<folder> stream needs "
+                             "train/<class>/ and test/<class>/ sub-folders)")
         if not all((Path(path) / split).is_dir() for split in ("train", "test")):
             raise ValueError(f"data.dataset: {path} must contain train/<class>/ and test/<class>/ sub-folders")
     elif name in DATASETS:

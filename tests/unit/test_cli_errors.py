@@ -2,6 +2,8 @@
 the commands run in a fresh interpreter that reports whether Ray was ever started."""
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +37,13 @@ CASES = {  # argv -> words the one line must contain
     "run --resume runs/nope": ["runs/nope", "no such folder"],
     "report runs/nope": ["runs/nope", "no such folder"],
     "run --set data.dataset=imagenet": ["data.dataset", "'imagenet'", "arrow:<folder>"],
-    "run --set data.dataset=arrow:/no/such/folder": ["/no/such/folder/train/", ".parquet"],
+    "run --set data.dataset=arrow:/no/such/folder": ["/no/such/folder", "no such folder", "<folder>/train/"],
+    "run --set data.dataset=image-folder:/no/such/folder": ["/no/such/folder", "no such folder"],
+    "run --set method.name=nsr": ["encoder.spec.name", "efficientnet-lite0", "minilm", "nsr-bbc-cyclic.yaml"],
+    "run --set method.name=nsr --set encoder.spec.name=minilm --set data.dataset=bbc-news": [
+        "stream.tasks", "bbc-news", "5 tasks", "two classes"],
+    "run --set method.name=nsr --set encoder.spec.name=minilm --set data.dataset=synthetic": [
+        "data.dataset", "raw text or image", "features"],
     "run --set encoder.spec.name=bert": ["encoder.spec.name", "minilm"],
     "run --set stream.task_free=true --set method.name=nsr": ["stream.task_free", "mars"],
     "bench fmnist-5x2 --methods mars,foo": ["method.name", "'foo'"],
@@ -71,6 +79,18 @@ def test_user_error_is_one_line_and_no_ray(results, case):
         assert word in lines[0]
     assert not result["ray"]  # refused before Ray started
     assert result["seconds"] < 20
+
+
+def test_every_command_an_error_suggests_works_as_written(results):
+    """The `memcl ...` commands the refusals suggest, run as written (`run` and `lm` with --check: they would start)."""
+    suggested = sorted({command for r in results.values() for command in re.findall(r"`memcl ([^`]+)`", r["stderr"])})
+    assert len(suggested) >= 3, suggested  # the NSR config, `memcl lm --methods`, `memcl list methods` at least
+    argvs = [shlex.split(c) + (["--check"] if c.split()[0] in ("run", "lm") else []) for c in suggested]
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for command, result in zip(suggested, json.loads(proc.stdout.splitlines()[-1])):
+        assert result["rc"] == 0 and not result["ray"], (command, result["stderr"])
 
 
 def test_debug_shows_the_traceback():
