@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from memcl.pipeline.config import load_config
 
     if args.resume:
-        return _report(runner.run(resume=Path(args.resume)))
+        return _report(runner.run(resume=Path(args.resume)), strict=args.strict)
     config = load_config(args.config, _overrides(args))
     if args.check:
         from memcl.pipeline import preflight
@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"memcl: the run can start: {spec.name} ({spec.family}) on {config.data.dataset}, "
               f"encoder {config.encoder.spec.name}")
         return 0
-    return _report(runner.run(config))
+    return _report(runner.run(config), strict=args.strict)
 
 
 def cmd_lm(args: argparse.Namespace) -> int:
@@ -74,9 +74,9 @@ def cmd_lm(args: argparse.Namespace) -> int:
     return _report(runner.run(config))
 
 
-def _report(result) -> int:
+def _report(result, strict: bool = False) -> int:
     """Print a finished run's tables and folder (a `memcl lm` run's too, whichever command resumed it); a run that
-    learned nothing is a failed run, whatever it wrote."""
+    learned nothing is a failed run, whatever it wrote, and with `strict` so is a run that refused any row."""
     from memcl.pipeline import lm, report
 
     if isinstance(result, lm.LMResult):
@@ -91,11 +91,30 @@ def _report(result) -> int:
             why = "the source streamed no rows"
         else:
             reasons = ", ".join(f"{r} {n}" for r, n in samples.refused_by_reason.items())
-            why = (f"{samples.refused} of {samples.stream} rows refused ({reasons}); the rows are in "
+            why = (f"{samples.refused} of {samples.stream} training rows refused ({reasons}); the rows are in "
                    f"{result.run_dir}/dead_letters/")
         print(f"memcl: error: nothing was learned: {why}", file=sys.stderr)
         return 1
+    if samples.refused or samples.refused_test:
+        print(f"memcl: {'error' if strict else 'warning'}: {refusal_line(samples)}; the rows are in "
+              f"{result.run_dir}/dead_letters/", file=sys.stderr)
+        return 1 if strict else 0
     return 0
+
+
+def refusal_line(samples) -> str:
+    """What the gate refused, where people look: rows per split and reason, and the files they came from."""
+    def counts(by: dict[str, int], most: int = 5) -> str:
+        ranked = sorted(by.items(), key=lambda kv: -kv[1])
+        return ", ".join(f"{k} {n}" for k, n in ranked[:most]) + (f", {len(ranked) - most} more" if len(ranked) > most
+                                                                  else "")
+    parts = []
+    if samples.refused:
+        parts.append(f"{samples.refused} of {samples.stream} training rows refused "
+                     f"({counts(samples.refused_by_reason)})")
+    if samples.refused_test:
+        parts.append(f"{samples.refused_test} test rows refused ({counts(samples.refused_test_by_reason)})")
+    return "; ".join(parts) + (f"; by file: {counts(samples.refused_by_origin)}" if samples.refused_by_origin else "")
 
 
 def cmd_stress(args: argparse.Namespace) -> int:
@@ -239,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chaos", type=float, metavar="SECONDS", help=chaos_help)
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last good checkpoint")
     run.add_argument("--check", action="store_true", help=check_help)
+    run.add_argument("--strict", action="store_true",
+                     help="exit 1 if the gate refused any row (they are always kept in the run's dead_letters/)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override one config value, e.g. --set method.name=finetune")
     run.set_defaults(func=cmd_run)

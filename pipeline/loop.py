@@ -23,13 +23,13 @@ import contextlib
 import logging
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memcl.pipeline import checkpoint, report
@@ -41,6 +41,7 @@ from memcl.pipeline.progress import Progress, Reports
 from memcl.pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline
 from memcl.pipeline.tracking import TensorBoardLog
 from memcl_ops import metrics as M
+from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.rounds import matrix_rows
 
@@ -196,10 +197,16 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
                    else [{"round": r, "visit": v} for v in outcome.ended])
     dead = outcome.dead
     if dead is not None and dead.num_rows:
+        dead = _new_refusals(dead, state)
+    if dead is not None and dead.num_rows:
         (run_dir / "dead_letters").mkdir(exist_ok=True)
         pq.write_table(dead, run_dir / "dead_letters" / f"round-{r:06d}.parquet")  # a replay overwrites, never adds
-        for reason, count in Counter(dead.column("reason").to_pylist()).items():
-            state.refused[reason] = state.refused.get(reason, 0) + count
+        for split, reason, origin in zip(dead.column("split").to_pylist(), dead.column("reason").to_pylist(),
+                                         dead.column("origin").to_pylist(), strict=True):
+            counts = state.refused_test if split == "test" else state.refused
+            counts[reason] = counts.get(reason, 0) + 1
+            where = origin or "the encoder"  # rows the encoder refused (undecodable payloads) carry no origin
+            state.refused_origins[where] = state.refused_origins.get(where, 0) + 1
     evaluated = [a for a in outcome.accuracy.values() if not np.isnan(a)]
     state.round_log.append({"round": r, "visits_ended": outcome.ended, "batches": outcome.batches,
                             "accuracy": outcome.accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated
@@ -220,6 +227,19 @@ def learned_points(state: RunState, info: StreamInfo) -> list[int]:
     last = len(state.rows) - 1
     return [next((p for p, row in enumerate(state.rows) if row["round"] >= ended_in[info.visits.index(t)]), last)
             if t in info.visits else last for t in range(len(info.task_classes))]
+
+
+def _new_refusals(dead: pa.Table, state: RunState) -> pa.Table:
+    """`dead` without the test rows an earlier evaluation already refused (each evaluation reads its test rows
+    again); the test rows it adds are remembered in `state`."""
+    keys = [f"{o}:{p}:{i}" for o, p, i in zip(dead.column("origin").to_pylist(), dead.column("position").to_pylist(),
+                                            dead.column(S.SAMPLE_ID).to_pylist(), strict=True)]
+    seen = set(state.refused_test_rows)
+    keep = [split != "test" or key not in seen for split, key in zip(dead.column("split").to_pylist(), keys,
+                                                                        strict=True)]
+    state.refused_test_rows += [key for key, split, k in zip(keys, dead.column("split").to_pylist(), keep,
+                                                              strict=True) if split == "test" and k]
+    return dead.filter(pa.array(keep, pa.bool_()))
 
 
 def summary(pipe: StreamPipeline, state: RunState, acc: np.ndarray) -> dict:
@@ -247,7 +267,9 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float) -> dict:
         "summary": summary(pipe, state, acc),
         "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size and not np.isnan(acc[-1]).all() else None,
         "samples": {"stream": info.num_samples, "learned": len(learned), "unique_learned": len(np.unique(learned)),
-                    "refused": sum(state.refused.values()), "refused_by_reason": state.refused},
+                    "refused": sum(state.refused.values()), "refused_by_reason": state.refused,
+                    "refused_test": sum(state.refused_test.values()), "refused_test_by_reason": state.refused_test,
+                    "refused_by_origin": state.refused_origins},
         "memory_bytes": {k: v for k, v in pipe.memory_report().items() if k != "num_slots"},
         "wall_seconds": {"total": wall, **state.wall},
         "actor_busy_seconds": {f"{actor}.{stage}": v["seconds"] for actor, stages in timings.items()

@@ -36,11 +36,12 @@ def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
     free = metrics.get("task_free")
     with open(run_dir / f"{prefix}acc_matrix.csv", "w", newline="") as f:
         writer = csv.writer(f)
+        # numbered as people count (from 1), like every table and plot; metrics.json keeps 0-based indices
         writer.writerow([*(("after_round", "visits_ended") if free else ("after_visit", "trained_task")),
-                         *[f"task{j}" for j in range(tasks)]])
+                         *[f"task{j + 1}" for j in range(tasks)]])
         for i, row in enumerate(acc):
-            where = ((metrics["rows"][i]["round"], " ".join(map(str, metrics["rows"][i]["visits_ended"]))) if free
-                     else (i, metrics["visits"][i]))
+            where = ((metrics["rows"][i]["round"] + 1, " ".join(str(v + 1) for v in metrics["rows"][i]["visits_ended"]))
+                     if free else (i + 1, metrics["visits"][i] + 1))
             writer.writerow([*where, *["" if np.isnan(v) else f"{v:.4f}" for v in row]])
     if acc.size:  # a run that never evaluated (nothing streamed) has no matrix to plot
         _heatmap(acc, metrics, run_dir / f"{prefix}acc_matrix.png")
@@ -65,10 +66,11 @@ def _title(metrics: dict) -> str:
 
 
 def row_label(metrics: dict, i: int) -> str:
-    """What row i of the accuracy matrix is: the visit it follows (and its task), or the round (task-free)."""
+    """What row i of the accuracy matrix is: the visit it follows (and its task), or the round (task-free), counted
+    from 1."""
     if metrics.get("task_free"):
-        return f"round {metrics['rows'][i]['round']}"
-    return f"{i} (t{metrics['visits'][i]})"
+        return f"round {metrics['rows'][i]['round'] + 1}"
+    return f"{i + 1} (task {metrics['visits'][i] + 1})"
 
 
 def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
@@ -134,12 +136,12 @@ def class_name(metrics: dict, label: int) -> str:
 
 
 def task_label(metrics: dict, task: int, sep: str = " ") -> str:
-    """`task 2 (cat, dog)`: a task with the names of its first classes, for legends and ticks."""
+    """`task 2 (cat, dog)`: task index 1 with the names of its first classes, for legends and ticks."""
     classes = (metrics.get("task_classes") or [[]] * (task + 1))[task]
     if not metrics.get("class_names") or not classes:
-        return f"task {task}"
+        return f"task {task + 1}"
     names = [class_name(metrics, c) for c in classes[:3]] + (["..."] if len(classes) > 3 else [])
-    return f"task {task}{sep}({', '.join(names)})"
+    return f"task {task + 1}{sep}({', '.join(names)})"
 
 
 def _class_lines(metrics: dict) -> list[str]:
@@ -147,17 +149,18 @@ def _class_lines(metrics: dict) -> list[str]:
     tasks = metrics.get("task_classes") or []
     if not any(tasks):
         return []
-    return [""] + [f"task{t}: " + ", ".join(class_name(metrics, c) for c in classes) for t, classes in enumerate(tasks)]
+    return [""] + [f"task {t + 1}: " + (", ".join(class_name(metrics, c) for c in classes) or "(no row accepted)")
+                   for t, classes in enumerate(tasks)]
 
 
 def summary_table(metrics: dict) -> str:
     acc = np.array(metrics["acc_matrix"], dtype=float)
     lines = [f"{_title(metrics)}", ""]
-    header = f"{'after':<11} | " + " ".join(f"task{j:<3d}" for j in range(acc.shape[1]))
+    header = f"{'after visit':<12} | " + " ".join(f"task{j + 1:<3d}" for j in range(acc.shape[1]))
     lines += [header, "-" * len(header)]
     for i, row in enumerate(acc):
         cells = " ".join("   -   " if np.isnan(v) else f"{100 * v:6.1f} " for v in row)
-        lines.append(f"{row_label(metrics, i):<11} | {cells}")
+        lines.append(f"{row_label(metrics, i):<12} | {cells}")
     lines += _class_lines(metrics)
     s = metrics.get("summary") or {}
     if s:
@@ -166,9 +169,12 @@ def summary_table(metrics: dict) -> str:
         lines += ["", f"A_last {pct(s['a_last'])}   {mean} {pct(s['a_mean'])}   forgetting {pct(s['forgetting'])}   "
                       f"BWT {pct(s['bwt'])}"]
     samples = metrics["samples"]
-    lines.append(f"samples streamed {samples['stream']}, learned {samples['learned']} "
-                 f"({samples['unique_learned']} unique), refused {samples.get('refused', 0)} "
-                 f"{samples.get('refused_by_reason') or ''}")
+    refused = ", ".join(f"{reason} {n}" for reason, n in (samples.get("refused_by_reason") or {}).items())
+    refused_test = ", ".join(f"{reason} {n}" for reason, n in (samples.get("refused_test_by_reason") or {}).items())
+    lines.append(f"training samples streamed {samples['stream']}, learned {samples['learned']} "
+                 f"({samples['unique_learned']} unique), refused {samples.get('refused', 0)}"
+                 + (f" ({refused})" if refused else "")
+                 + (f"; test rows refused {samples['refused_test']} ({refused_test})" if refused_test else ""))
     slots = metrics.get("slots")
     if slots and slots["history"]:
         lines.append(f"slots {slots['history'][0][1]} -> {slots['history'][-1][1]} "
@@ -177,7 +183,7 @@ def summary_table(metrics: dict) -> str:
     if recovery and recovery["returning_visits"]:
         visits = recovery["returning_visits"]
         lines.append(f"returning tasks ({metrics['allocation']} allocation): "
-                     + ", ".join(f"task {r['task']} back in {'>=' if r['censored'] else ''}{r['steps']} steps"
+                     + ", ".join(f"task {r['task'] + 1} back in {'>=' if r['censored'] else ''}{r['steps']} steps"
                                  for r in visits) + f"; mean {recovery['mean_steps']:.2f}")
     mem = metrics["memory_bytes"]
     lines.append("memory bytes: " + ", ".join(f"{k} {v:,}" for k, v in mem.items()))

@@ -55,7 +55,11 @@ class RunState:
     seen_tasks: list[int] = field(default_factory=list)  # in order of first training
     round_log: list[dict] = field(default_factory=list)
     wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
-    refused: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per reason
+    refused: dict[str, int] = field(default_factory=dict)  # dead-lettered training rows per reason
+    refused_test: dict[str, int] = field(default_factory=dict)  # distinct dead-lettered test rows per reason
+    refused_origins: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per file (or stream)
+    # the test rows refused so far ("origin:position:sample_id"): each evaluation reads its test rows again
+    refused_test_rows: list[str] = field(default_factory=list)
     recoveries: int = 0  # rounds replayed after an actor fault
     elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
 
@@ -86,8 +90,11 @@ class Samples:
     stream: int  # rows the stream holds
     learned: int  # rows trained on (a replayed round counts once)
     unique_learned: int
-    refused: int  # rows refused at a gate, kept as dead letters
+    refused: int  # training rows refused at a gate, kept as dead letters
     refused_by_reason: dict[str, int]
+    refused_test: int = 0  # distinct test rows refused (each evaluation reads them again; counted once)
+    refused_test_by_reason: dict[str, int] = field(default_factory=dict)
+    refused_by_origin: dict[str, int] = field(default_factory=dict)  # training and test rows per file (or stream)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ replay, commit, checkpoints, the run folder). `memcl run`, `memcl lm`, `memcl be
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,8 @@ from memcl.pipeline.nsr import NSRPipeline
 from memcl.pipeline.progress import Progress
 from memcl.pipeline.roles import BatchHook, RunResult, StreamPipeline, ensure_ray, stream_source
 from memcl_ops.data.sources import StreamInfo
+
+log = logging.getLogger("memcl")
 
 
 def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
@@ -52,6 +55,7 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
         ensure_ray(config)
         source = stream_source(config, actors)
         info: StreamInfo = ray.get(source.describe.remote())
+        warn_unnamed_labels(info)
         free = "-taskfree" if config.stream.task_free else ""
         run_dir = run_dir or new_run_dir(config.runtime.out, f"{spec.name}-{info.name}{free}-s{config.seed}")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -82,6 +86,17 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
     finally:
         if own:
             actors.close()
+
+
+def warn_unnamed_labels(info: StreamInfo) -> None:
+    """Labels beyond the class names the data gives (classes.txt, schema metadata) are learned under their number:
+    say so once, since a typo in a label column looks just like that."""
+    names = info.extra.get("class_names")
+    unnamed = sorted({c for classes in info.task_classes for c in classes if c >= len(names)}) if names else []
+    if unnamed:
+        log.warning("data: labels %s have no class name (%d names given, for labels 0..%d); they are learned as "
+                    "classes named by their number (data.labels lists the labels to accept)",
+                    ", ".join(map(str, unnamed)), len(names), len(names) - 1)
 
 
 def config_class(path: Path) -> type:

@@ -18,11 +18,13 @@ from memcl_ops.arrow import schema as S
 
 DEAD_LETTER_SCHEMA = pa.schema([
     pa.field(S.SAMPLE_ID, pa.int64(), nullable=True),
-    pa.field("position", pa.int64()),
+    pa.field("position", pa.int64()),  # in the batch; once the source names the origin, in the origin
     pa.field("reason", pa.string()),
     pa.field("column", pa.string(), nullable=True),
     pa.field("message", pa.string()),
     pa.field("row", pa.binary()),
+    pa.field("split", pa.string(), nullable=True),  # "train" or "test", set by the source (null: refused later)
+    pa.field("origin", pa.string(), nullable=True),  # the file (or stream) the row came from, set by the source
 ])
 
 
@@ -56,7 +58,21 @@ def dead_letters(batch: pa.RecordBatch, refusals: list[S.Refusal]) -> pa.Table:
         records["column"] += [refusal.error.column] * len(rows)
         records["message"] += [str(refusal.error)] * len(rows)
         records["row"] += [_row_bytes(batch, int(r)) for r in rows]
+        records["split"] += [None] * len(rows)
+        records["origin"] += [None] * len(rows)
     return pa.table(records, schema=DEAD_LETTER_SCHEMA)
+
+
+def with_origin(dead: pa.Table, split: str, origin: str, first_row: int) -> pa.Table:
+    """`dead` with its rows' split and origin filled in, positions counted from the origin's start (`first_row`:
+    the batch's first row in it), so each dead letter says which file and row it was."""
+    n = dead.num_rows
+    return (dead.set_column(dead.schema.get_field_index("position"), DEAD_LETTER_SCHEMA.field("position"),
+                            pa.array(np.asarray(dead.column("position"), np.int64) + first_row, pa.int64()))
+            .set_column(dead.schema.get_field_index("split"), DEAD_LETTER_SCHEMA.field("split"),
+                        pa.array([split] * n, pa.string()))
+            .set_column(dead.schema.get_field_index("origin"), DEAD_LETTER_SCHEMA.field("origin"),
+                        pa.array([origin] * n, pa.string())))
 
 
 def _payload_refusals(batch: pa.RecordBatch, payload: str) -> list[S.Refusal]:

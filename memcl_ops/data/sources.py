@@ -64,6 +64,10 @@ class Stream(Protocol):
 
     def visit_tasks(self, visit: int) -> list[int]: ...
 
+    # where a batch's rows come from, for its dead letters: (a file of the folder or the stream's name, the row of
+    # it the batch starts at); `key` is the visit of a "train" batch, the task of a "test" one
+    def origin(self, split: str, key: int, index: int) -> tuple[str, int]: ...
+
 
 def _fingerprint(arrays: list[np.ndarray]) -> str:
     h = hashlib.sha256()
@@ -122,6 +126,9 @@ class DatasetStream:
 
     def visit_tasks(self, visit: int) -> list[int]:
         return sorted(set(self.plan.visit_tasks[visit].tolist()))
+
+    def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
+        return f"{self.dataset.name} {split}", 0  # rows are drawn across the dataset; sample_id is the dataset row
 
     def _emit(self, split: str, ids: np.ndarray, rows: np.ndarray, tasks: np.ndarray | None) -> pa.RecordBatch:
         _, y = self.dataset.split(split)
@@ -259,10 +266,12 @@ class ArrowDirStream:
 
     def describe(self) -> StreamInfo:
         tasks = max(len(self.task_ids), 1)
+        allowed = set(self.labels) if self.labels is not None else None  # data.labels: the gate refuses the rest
         listing = [f"{p.name}:{p.stat().st_size}".encode() for p in (*self.train_files, *self.test_files)]
         return StreamInfo(
             name=f"arrow:{self.root.name}", payload=self.payload,
-            task_classes=[sorted(self.task_labels.get(t, ())) for t in range(tasks)],
+            task_classes=[sorted(c for c in self.task_labels.get(t, ()) if allowed is None or c in allowed)
+                          for t in range(tasks)],
             visits=self.visits, visit_batches=[len(s) for s in self.visit_slices],
             test_batches=[len(self.tests.get(t, [])) for t in range(tasks)],
             num_samples=self.num_rows, labels=self.labels, feature_dim=self.feature_dim,
@@ -277,6 +286,10 @@ class ArrowDirStream:
 
     def visit_tasks(self, visit: int) -> list[int]:
         return [self.visits[visit]]
+
+    def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
+        piece = self.visit_slices[key][index] if split == "train" else self.tests[key][index]
+        return str(piece.path.relative_to(self.root)), piece.offset
 
 
 def _labels(table: pa.Table) -> list[int]:
@@ -395,6 +408,9 @@ class DriftStream:
 
     def visit_tasks(self, visit: int) -> list[int]:
         return [self.visits[visit]]
+
+    def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
+        return f"drift {split}", index * self.spec.batch_size
 
 
 @dataclass(frozen=True)

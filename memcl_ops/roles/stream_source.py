@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 
 from memcl_ops.arrow import schema as S
-from memcl_ops.arrow.gate import empty_dead_letters, gate
+from memcl_ops.arrow.gate import empty_dead_letters, gate, with_origin
 from memcl_ops.clock import StageClock
 from memcl_ops.data.datasets import DatasetUnavailable
 from memcl_ops.data.sources import SourceSpec, StreamInfo, build_stream
@@ -71,7 +71,7 @@ class StreamSource:
         if visit is None:
             return None, empty_dead_letters()
         with self.clock.time("source"):
-            return gate(self.stream.train_batch(visit, index), self.contract())
+            return self._gated(self.stream.train_batch(visit, index), "train", visit, index)
 
     def train_rows(self, visit: int, index: int) -> int:
         """How many rows of one training batch pass the gate (NSR's probe counts rows, not batches)."""
@@ -80,7 +80,11 @@ class StreamSource:
 
     def test_batch(self, task: int, index: int, after_visit: int) -> tuple[pa.RecordBatch | None, pa.Table]:
         with self.clock.time("source"):
-            return gate(self.stream.test_batch(task, index, after_visit), self.contract())
+            return self._gated(self.stream.test_batch(task, index, after_visit), "test", task, index)
+
+    def _gated(self, batch: pa.RecordBatch, split: str, key: int, index: int) -> tuple[pa.RecordBatch | None, pa.Table]:
+        good, dead = gate(batch, self.contract())
+        return good, with_origin(dead, split, *self.stream.origin(split, key, index)) if dead.num_rows else dead
 
     def visit_tasks(self, visit: int) -> list[int]:
         return self.stream.visit_tasks(visit)

@@ -3,6 +3,7 @@ image folders of mixed sizes, and a run whose every row is refused (the command 
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -87,8 +88,65 @@ def test_every_row_refused_exits_non_zero_with_the_reasons(ray_session, tmp_path
                    "--set", f"runtime.out={tmp_path / 'runs'}", "--set", "runtime.progress=false"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
-    assert err[-1].startswith("memcl: error: nothing was learned: 6 of 6 rows refused (")
+    assert err[-1].startswith("memcl: error: nothing was learned: 6 of 6 training rows refused (schema 6)")
     assert "dead_letters" in err[-1]
+
+
+def with_string_labels(table: pa.Table) -> pa.Table:
+    idx = table.schema.get_field_index(S.LABEL)
+    return table.set_column(idx, pa.field(S.LABEL, pa.string()), pc.cast(table.column(idx), pa.string()))
+
+
+def run_cli(root, tmp_path, capsys, *extra):
+    rc = cli.main(["run", "--set", f"data.dataset=arrow:{root}", "--set", "data.payload=features",
+                   "--set", f"data.feature_dim={DIM}", "--set", "method.name=finetune",
+                   "--set", f"runtime.out={tmp_path / 'runs'}", "--set", "runtime.progress=false", *extra])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err.strip().splitlines()
+
+
+def test_refused_rows_are_reported_per_split_and_file_and_strict_fails_the_run(ray_session, tmp_path, capsys):
+    """One train file and one test file whose label column is text: a closing warning counts training and test
+    refusals apart (the test rows once, though every evaluation reads them), names the files, points at the dead
+    letters (which name file and row); --strict makes it exit 1; the task's classes still have their names."""
+    tables = synthetic_tables()
+    tables["train"][3] = with_string_labels(tables["train"][3])  # task 1's second file
+    tables["test"][1] = with_string_labels(tables["test"][1])  # task 1's test file
+    write_ipc(tmp_path / "data", tables)
+    rc, out, err = run_cli(tmp_path / "data", tmp_path, capsys)
+    assert rc == 0
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert err[-1] == (f"memcl: warning: 70 of 280 training rows refused (schema 70); 70 test rows refused "
+                       f"(schema 70); by file: train/003.arrow 70, test/001.arrow 70; the rows are in "
+                       f"{run_dir}/dead_letters/")
+    dead = pq.read_table(run_dir / "dead_letters")
+    assert sorted(set(zip(dead.column("split").to_pylist(), dead.column("origin").to_pylist()))) == [
+        ("test", "test/001.arrow"), ("train", "train/003.arrow")]
+    train_dead = dead.filter(pc.equal(dead.column("split"), "train"))
+    assert sorted(train_dead.column("position").to_pylist()) == list(range(70))  # rows of the file, not the batch
+    assert sorted(train_dead.column(S.SAMPLE_ID).to_pylist()) == tables["train"][3].column(S.SAMPLE_ID).to_pylist()
+    assert "task 2: eel, fox" in out  # the accepted file of task 1 still names its classes
+    rc, _, err = run_cli(tmp_path / "data", tmp_path, capsys, "--strict")
+    assert rc == 1 and err[-1].startswith("memcl: error: 70 of 280 training rows refused")
+
+
+def test_labels_without_a_name_are_warned_and_data_labels_drop_them_from_the_tasks(ray_session, tmp_path, capsys,
+                                                                                  caplog):
+    tables = synthetic_tables()
+    labels = tables["train"][0].column(S.LABEL).to_numpy().copy()
+    labels[:5] = 7  # beyond classes.txt's four names
+    idx = tables["train"][0].schema.get_field_index(S.LABEL)
+    tables["train"][0] = tables["train"][0].set_column(idx, tables["train"][0].schema.field(idx),
+                                                       pa.array(labels, pa.int32()))
+    write_ipc(tmp_path / "data", tables)
+    rc, out, err = run_cli(tmp_path / "data", tmp_path, capsys)
+    warned = [r.getMessage() for r in caplog.records if "no class name" in r.getMessage()]
+    assert rc == 0 and len(warned) == 1 and warned[0].startswith("data: labels 7 have no class name (4 names given")
+    assert "task 1: cat, dog, 7" in out
+    caplog.clear()
+    rc, out, err = run_cli(tmp_path / "data", tmp_path, capsys, "--set", "data.labels=[0,1,2,3]")
+    assert rc == 0 and not any("no class name" in r.getMessage() for r in caplog.records)
+    assert "task 1: cat, dog\n" in out and "5 of 280 training rows refused (unknown_label 5)" in err[-1]
 
 
 def test_an_empty_source_exits_non_zero(ray_session, tmp_path, capsys):

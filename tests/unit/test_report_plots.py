@@ -29,6 +29,20 @@ def test_class_names_in_summary_and_labels():
                "samples": {"stream": 10, "learned": 10, "unique_learned": 10},
                "slots": {"history": [], "expansions": [], "monitor": {}}, "memory_bytes": {}, "wall_seconds": {}}
     table = report.summary_table(metrics)
-    assert "task0: Dress, T-shirt" in table and "task1: Trouser, Pullover, Coat, Sandal" in table
-    assert report.task_label(metrics, 1) == "task 1 (Trouser, Pullover, Coat, ...)"
-    assert report.task_label({**metrics, "class_names": None}, 0) == "task 0"
+    assert "task 1: Dress, T-shirt" in table and "task 2: Trouser, Pullover, Coat, Sandal" in table
+    assert report.task_label(metrics, 1) == "task 2 (Trouser, Pullover, Coat, ...)"
+    assert report.task_label({**metrics, "class_names": None}, 0) == "task 1"
+
+
+def test_tasks_and_visits_are_numbered_from_one_in_the_table_and_the_csv(tmp_path):
+    """One numbering a person reads everywhere: the table, its rows, the CSV (metrics.json keeps indices)."""
+    metrics = {"method": "mars", "dataset": "d", "seed": 0, "acc_matrix": [[0.9, np.nan], [0.8, 0.7], [0.85, 0.6]],
+               "visits": [1, 0, 1], "task_classes": [[0], [1]], "class_names": None,
+               "samples": {"stream": 10, "learned": 10, "unique_learned": 10}, "memory_bytes": {}, "wall_seconds": {}}
+    lines = report.summary_table(metrics).splitlines()
+    assert lines[2].split() == ["after", "visit", "|", "task1", "task2"]
+    assert [line.split("|")[0].strip() for line in lines[4:7]] == ["1 (task 2)", "2 (task 1)", "3 (task 2)"]
+    report.write_matrix(tmp_path, metrics)
+    rows = (tmp_path / "acc_matrix.csv").read_text().splitlines()
+    assert rows[0] == "after_visit,trained_task,task1,task2" and rows[1].startswith("1,2,0.9000,")
+    assert [r.split(",")[:2] for r in rows[1:]] == [["1", "2"], ["2", "1"], ["3", "2"]]
