@@ -43,7 +43,7 @@ from memcl.pipeline.tracking import TensorBoardLog
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
-from memcl_ops.rounds import matrix_rows
+from memcl_ops.rounds import RoundBatches, matrix_rows
 
 log = logging.getLogger("memcl")
 
@@ -132,7 +132,11 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
     reports = Reports(bars, keep_losses=rt.tensorboard, on_phase=on_phase)  # the trainers report epochs through it
     recovery = Recovery(pipe, state, rt, run_dir, reports)
     ckpt_dir = run_dir / "checkpoints"
-    if resumed and (found := checkpoint.latest_valid(ckpt_dir)) is not None:
+    rounds = pipe.plan()
+    found = checkpoint.latest_valid(ckpt_dir) if resumed else None
+    if resumed and found is None:
+        bars.say(f"memcl: {run_dir} has no complete checkpoint yet: the run starts from its beginning")
+    if found is not None:
         path, parts, meta = found
         unknown = meta.keys() - RunState.__dataclass_fields__.keys()
         if unknown or parts.keys() - set(pipe.roles.names):
@@ -141,10 +145,10 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         state = recovery.state = RunState(**meta)  # before the resume: a fault there counts among its recoveries
         recovery.run("the resume", lambda: pipe.roles.resume(parts, path))
         recovery.last_good = parts
-        log.info("resumed from %s at round %d", path, state.next_round)
+        bars.say(f"memcl: resuming {run_dir} after {_round_name(pipe, rounds, state.next_round - 1)} "
+                  f"({state.next_round} of {len(rounds)} rounds done), from {path.name}")
     state.add_wall("setup", setup_seconds)
     earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)
-    rounds = pipe.plan()
     board = TensorBoardLog(run_dir) if rt.tensorboard else None
     chaos = (Chaos(pipe.roles.actors, pipe.roles.all_names, rt.chaos_seconds, metrics.get("seed", 0))
              if rt.chaos_seconds else contextlib.nullcontext())
@@ -182,6 +186,13 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         board.close(metrics)
     metrics["run_dir"] = str(run_dir)
     return RunResult.of(run_dir, metrics)
+
+
+def _round_name(pipe: StreamPipeline, rounds: list[RoundBatches], r: int) -> str:
+    """Round r as a person reads it: the last visit it ended, or its number (task-free, or a visit not ended)."""
+    info = pipe.info
+    ended = [v for v, i in rounds[r] if i == info.visit_batches[v] - 1] if not pipe.task_free else []
+    return f"visit {ended[-1] + 1} of {len(info.visits)}" if ended else f"round {r + 1}"
 
 
 def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundOutcome, memory: dict[str, int],

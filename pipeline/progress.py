@@ -74,6 +74,13 @@ class Progress:
         if self.enabled:
             tqdm.write(message, file=sys.stderr)
 
+    def say(self, message: str) -> None:
+        """A line the user needs whether or not bars are shown (where a resumed run continues)."""
+        if self.enabled:
+            tqdm.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr)
+
     def wait(self, refs: list[ray.ObjectRef], description: str, unit: str, leave: bool = True) -> list:
         """ray.get(refs), a bar advancing as they complete (in any order)."""
         bar, pending = self.bar(description, len(refs), unit, leave), list(refs)

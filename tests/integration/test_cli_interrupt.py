@@ -18,7 +18,7 @@ pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(actors, tmp_path):
+def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(actors, tmp_path, capsys):
     args = ["run", "--set", "data.dataset=synthetic", "--set", "stream.tasks=5", "--set", "runtime.progress=false",
             "--set", "data.synthetic.train_per_class=60", "--set", "method.stage1.optim.epochs=3",
             # enough epochs of both stages that the rounds after the first checkpoint outlast the signal's delivery
@@ -44,6 +44,10 @@ def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(actors, tmp_path):
     assert run_dir.parent == tmp_path and (run_dir / "config.yaml").is_file()
 
     metrics = runner.run(resume=run_dir, actors=actors, progress=False).metrics
+    said = capsys.readouterr().err
+    where = re.search(rf"memcl: resuming {re.escape(str(run_dir))} after visit (\d) of 5 \((\d) of 5 rounds done\), "
+                      r"from ckpt-(\d+)\.npz", said)
+    assert where and where.group(1) == where.group(2) == str(int(where.group(3)) + 1), said
     samples = metrics["samples"]
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == 10 * 60  # 10 classes x 60
     assert len(metrics["acc_matrix"]) == 5
