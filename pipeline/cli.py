@@ -153,6 +153,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from memcl.pipeline import runs
+
+    parent = Path(args.out)
+    if args.action == "list":
+        print(runs.list_table(runs.find(parent), parent))
+    elif args.action == "compare":
+        print(runs.compare_table([Path(p) for p in args.folders]))
+    else:
+        removed = runs.clean(parent, args.unfinished, args.older_than)
+        for f in removed:
+            print(f"removed {f.path} ({f.status}, {runs.size_text(f.size_bytes)})")
+        print(f"{len(removed)} run folders removed")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.suite == "throughput":
         from memcl.pipeline.config import ConfigError
@@ -290,6 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override one config value, e.g. --set budgets=[8192] --set method.adapt.step=0.2")
     lm.set_defaults(func=cmd_lm)
+
+    rs = command("runs", "list the run folders, compare runs side by side, or remove unfinished or old ones")
+    rs.add_argument("action", nargs="?", default="list", choices=["list", "compare", "clean"],
+                    help="list (default): every run under --out with its method, data, status, A_last and size; "
+                         "compare RUN RUN...: finished runs side by side; clean: remove what --unfinished / "
+                         "--older-than select")
+    rs.add_argument("folders", nargs="*", metavar="RUN", help="compare: the run folders")
+    rs.add_argument("--out", default="runs", help="the parent folder of the runs (default: runs)")
+    rs.add_argument("--unfinished", action="store_true", help="clean: the runs that never finished (stopped, empty)")
+    rs.add_argument("--older-than", type=float, metavar="DAYS", help="clean: the runs last written DAYS ago or more")
+    rs.set_defaults(func=cmd_runs)
 
     rep = command("report", "re-render the tables and plots of a run folder")
     rep.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `memcl run` or `memcl lm`")

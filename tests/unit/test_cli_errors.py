@@ -105,7 +105,7 @@ def test_help_is_complete():
 
     parser = build_parser()
     top = parser.format_help()
-    commands = ["run", "stress", "lm", "report", "bench", "list", "config"]
+    commands = ["run", "stress", "lm", "runs", "report", "bench", "list", "config"]
     for name in commands:
         assert name in top
     sub = next(a for a in parser._actions if a.dest == "command").choices

@@ -1,0 +1,122 @@
+"""`memcl runs`: the run folders under a parent folder (default runs/) listed, compared side by side, and the
+unfinished or old ones removed on request. Reads only the folders' files (config.yaml, metrics.json,
+checkpoints/); starts no Ray."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from memcl.pipeline.config import ConfigError
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    path: Path
+    kind: str  # "run" (memcl run) or "lm" (memcl lm: several runs side by side)
+    method: str
+    data: str
+    status: str  # "finished" (metrics.json written), "stopped" (checkpoints, resumable), "empty"
+    a_last: float | None  # the headline (the best run's, for an lm folder)
+    size_bytes: int
+    modified: float  # seconds since the epoch
+
+    @classmethod
+    def read(cls, path: Path) -> RunFolder:
+        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        lm = "methods" in config
+        metrics_file = path / "metrics.json"
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else None
+        if lm:
+            method = ",".join(config.get("methods") or [])
+            data = ",".join((config.get("stream") or {}).get("tasks") or []) or "lm tasks"
+        else:
+            method = (config.get("method") or {}).get("name", "?")
+            data = (config.get("data") or {}).get("dataset", "?")
+        a_last = None
+        if metrics is not None:
+            if lm:
+                scores = [r["summary"]["a_last"] for r in metrics.get("runs", {}).values() if r.get("summary")]
+                a_last = max(scores) if scores else None
+            elif metrics.get("summary"):
+                a_last = metrics["summary"]["a_last"]
+        checkpoints = any(path.rglob("ckpt-*.npz"))
+        status = "finished" if metrics is not None else "stopped" if checkpoints else "empty"
+        files = [f for f in path.rglob("*") if f.is_file()]
+        return cls(path, "lm" if lm else "run", method, data, status, a_last, sum(f.stat().st_size for f in files),
+                   max((f.stat().st_mtime for f in files), default=path.stat().st_mtime))
+
+
+def find(parent: Path) -> list[RunFolder]:
+    """The run folders under `parent`, up to three levels down (`memcl stress` and `memcl bench` nest theirs),
+    oldest first."""
+    if not parent.is_dir():
+        raise ConfigError(f"{parent}: no such folder (runs are written under runs/, or where --out says)")
+    folders = {c.parent for pattern in ("*/config.yaml", "*/*/config.yaml", "*/*/*/config.yaml")
+               for c in parent.glob(pattern)}
+    return sorted((RunFolder.read(p) for p in folders), key=lambda r: r.modified)
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def list_table(folders: list[RunFolder], parent: Path) -> str:
+    if not folders:
+        return f"no run folders under {parent}"
+    rows = [("run", "method", "data", "status", "A_last", "size")]
+    for f in folders:
+        rows.append((str(f.path.relative_to(parent)), f.method, f.data,
+                     f.status, "-" if f.a_last is None else f"{100 * f.a_last:.2f}", size_text(f.size_bytes)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    total = sum(f.size_bytes for f in folders)
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:], "",
+                      f"{len(folders)} runs, {size_text(total)}; `memcl runs compare RUN RUN` puts runs side by side, "
+                      "`memcl runs clean --unfinished` removes the runs that never finished"])
+
+
+COMPARED = (("A_last", "a_last"), ("Ā", "a_mean"), ("forgetting", "forgetting"), ("BWT", "bwt"))
+
+
+def compare_table(paths: list[Path]) -> str:
+    """Two or more `memcl run` folders side by side: what they ran and how they scored."""
+    if len(paths) < 2:
+        raise ConfigError("memcl runs compare needs two run folders or more")
+    columns = []
+    for path in paths:
+        if not (path / "metrics.json").is_file():
+            raise ConfigError(f"{path}: no metrics.json (not a finished `memcl run` folder)")
+        metrics = json.loads((path / "metrics.json").read_text())
+        if "runs" in metrics:
+            raise ConfigError(f"{path}: a `memcl lm` folder (its runs are side by side already: memcl report {path})")
+        columns.append((path.name, metrics))
+    pct = lambda v: "-" if v is None else f"{100 * v:.2f}"  # noqa: E731
+    rows = [("", *[name for name, _ in columns]),
+            ("method", *[m["method"] for _, m in columns]),
+            ("data", *[m["dataset"] for _, m in columns]),
+            ("seed", *[str(m["seed"]) for _, m in columns])]
+    rows += [(label, *[pct((m.get("summary") or {}).get(key)) for _, m in columns]) for label, key in COMPARED]
+    rows += [("learned / streamed", *[f"{m['samples']['learned']} / {m['samples']['stream']}" for _, m in columns]),
+             ("memory bytes", *[f"{sum(m['memory_bytes'].values()):,}" for _, m in columns]),
+             ("wall seconds", *[f"{m['wall_seconds']['total']:.0f}" for _, m in columns])]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def clean(parent: Path, unfinished: bool, older_than_days: float | None) -> list[RunFolder]:
+    """Remove the run folders under `parent` that never finished (`unfinished`) or were last written more than
+    `older_than_days` ago; returns what was removed."""
+    if not unfinished and older_than_days is None:
+        raise ConfigError("memcl runs clean: say what to remove: --unfinished, --older-than DAYS, or both")
+    cutoff = time.time() - 86400 * older_than_days if older_than_days is not None else None
+    removed = [f for f in find(parent)
+               if (unfinished and f.status != "finished") or (cutoff is not None and f.modified < cutoff)]
+    for f in removed:
+        shutil.rmtree(f.path)
+    return removed
