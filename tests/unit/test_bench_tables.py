@@ -14,12 +14,24 @@ def row(method, a_last, seed=0):
                         [a_last], 1.0, 10, "")
 
 
-def test_goal_lines_compare_mars_with_the_best_paper_baseline_and_the_best_memcl_method_with_joint():
+def test_verdict_names_the_best_overall_and_per_role_and_where_mars_stands():
     rows = [row("mars", 0.70), row("mars", 0.72, 1), row("derpp", 0.75), row("derpp", 0.75, 1),
-            row("ewc", 0.5), row("ewc", 0.5, 1), row("joint", 0.74), row("joint", 0.74, 1)]
-    lines = bench.goal_lines(bench.aggregate(rows))
-    assert lines[0].startswith("- MARS A_last minus the best paper baseline (derpp): -4.00 points (not reached)")
-    assert "best memcl method (mars) A_last minus joint: -3.00 points (within 5)" in lines[1]
+            row("simplecil", 0.77), row("simplecil", 0.77, 1), row("ewc", 0.5), row("ewc", 0.5, 1),
+            row("joint", 0.74), row("joint", 0.74, 1)]
+    lines = bench.verdict_lines(bench.aggregate(rows))
+    assert lines[0] == ("- best overall: simplecil (A_last 77.00, baseline), 2.00 points ahead of derpp: more than one "
+                        "seed std")
+    assert lines[1] == "- best per role: baseline simplecil (77.00), upper-bound joint (74.00), memcl mars (71.00)"
+    assert lines[2] == "- mars is 4 of 5; -6.00 points against the best baseline (simplecil)"
+
+
+def test_table_sorts_by_a_last_and_shows_spread_only_with_two_seeds_or_more():
+    one = bench.markdown(suite("fmnist-5x2"), bench.aggregate([row("mars", 0.70), row("derpp", 0.75)]), 1)
+    body = [line for line in one.splitlines() if line.startswith("| ") and "method" not in line]
+    assert [line.split("|")[1].strip() for line in body] == ["derpp", "mars"]
+    assert not any("±" in line for line in body)
+    two = bench.markdown(suite("fmnist-5x2"), bench.aggregate([row("mars", 0.70), row("mars", 0.72, 1)]), 2)
+    assert "71.00 ± 1.41" in two
 
 
 def test_default_methods_are_the_head_learners_and_unknown_ones_are_refused():
