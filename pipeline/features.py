@@ -54,10 +54,13 @@ class FeaturePipeline:
         self.config, self.spec, self.actors = config, spec, actors
         rt = config.runtime
         self.encoders, self.features = None, {}
+        self.encoding_seconds = 0.0  # filling the feature cache (the stream's own encoding is in its rounds)
         if info.feature_dim is None:
             self.encoders = EncoderPool(config, info.payload, actors)
             if rt.cache_dir and info.cacheable:
+                t_encode = time.perf_counter()
                 self.features = encode_into_cache(config, actors.handle("source"), self.encoders, info, bars)
+                self.encoding_seconds = time.perf_counter() - t_encode
             info = ray.get(actors.handle("source").describe.remote())
             info.feature_dim = info.feature_dim or self.encoders.dim
         self.info = info

@@ -123,7 +123,7 @@ class Recovery:
 
 
 def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig, bars: Progress, metrics: dict, *,
-           started: float, setup_seconds: float = 0.0, on_batch: BatchHook | None = None,
+           started: float, setup_wall: dict[str, float] | None = None, on_batch: BatchHook | None = None,
            on_round: RoundHook | None = None, on_phase: PhaseHook | None = None) -> RunResult:
     """Stream every round of `pipe` (after the last checkpoint of `run_dir` when `resumed`), then write the run's
     metrics: `metrics` (what the caller knows: method, seed, ...) with the runner's and the family's. With
@@ -147,7 +147,9 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         recovery.last_good = parts
         bars.say(f"memcl: resuming {run_dir} after {_round_name(pipe, rounds, state.next_round - 1)} "
                   f"({state.next_round} of {len(rounds)} rounds done), from {path.name}")
-    state.add_wall("setup", setup_seconds)
+    for phase, seconds in (setup_wall or {}).items():  # before the stream: actor starts, the feature cache's encoding
+        if seconds:
+            state.add_wall(phase, seconds)
     earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)
     board = TensorBoardLog(run_dir) if rt.tensorboard else None
     chaos = (Chaos(pipe.roles.actors, pipe.roles.all_names, rt.chaos_seconds, metrics.get("seed", 0))

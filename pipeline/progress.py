@@ -67,8 +67,9 @@ class Progress:
             return _Silent()
         if not self.terminal:
             return _LineBar(description, total, unit, leave)
+        # no rate: a short phase's rate reads like "20262.34epoch/s"; the elapsed and remaining times say enough
         return tqdm(total=total, desc=description, unit=unit, file=sys.stderr, mininterval=0.5, leave=leave,
-                    dynamic_ncols=True)
+                    dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}]")
 
     def note(self, message: str) -> None:
         if self.enabled:

@@ -64,15 +64,17 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
         bars = Progress(enabled=config.runtime.progress if progress is None else progress)
         try:
             t0 = time.perf_counter()
+            encoding = 0.0
             if spec.family == "nsr":
                 pipe: StreamPipeline = NSRPipeline(config, info, actors)
             else:
                 pipe = FeaturePipeline(config, spec, info, actors, bars)
+                encoding = pipe.encoding_seconds
             metrics = {"method": config.method.name, "seed": config.seed, "class_names": info.extra.get("class_names")}
             try:
-                return stream(pipe, run_dir, resume is not None, config.runtime, bars, metrics,
-                              started=started, setup_seconds=time.perf_counter() - t0, on_batch=on_batch,
-                              on_round=on_round, on_phase=on_phase)
+                return stream(pipe, run_dir, resume is not None, config.runtime, bars, metrics, started=started,
+                              setup_wall={"setup": time.perf_counter() - t0 - encoding, "encoding": encoding},
+                              on_batch=on_batch, on_round=on_round, on_phase=on_phase)
             finally:
                 pipe.close()
         except KeyboardInterrupt:

@@ -1,0 +1,62 @@
+"""The README's table of what the default run reaches, written from the runs themselves so it cannot go stale:
+`memcl run` (MARS) and `memcl run --set method.name=finetune`, seed 0, each through `memcl.run`.
+
+    python scripts/readme_table.py           # run both, rewrite the table in README.md
+    python scripts/readme_table.py --check   # run both, exit 1 if README.md's table differs
+
+tests/slow/test_readme_table.py runs the check."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BEGIN, END = "<!-- default-run-table: scripts/readme_table.py writes it -->", "<!-- /default-run-table -->"
+RUNS = (("MARS", "mars"), ("finetune", "finetune"))
+
+
+def measure(out: str) -> dict[str, dict]:
+    """Each method's summary of the default run (seed 0), in README's order."""
+    import memcl
+
+    return {label: memcl.run(method, {"runtime.out": out}).metrics["summary"] for label, method in RUNS}
+
+
+def table(summaries: dict[str, dict]) -> str:
+    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+    lines = ["| method | A_last | Ā | forgetting | BWT |", "|---|---|---|---|---|"]
+    lines += [f"| {label} | {pct(s['a_last'])} | {pct(s['a_mean'])} | {pct(s['forgetting'])} | {pct(s['bwt'])} |"
+              for label, s in summaries.items()]
+    return "\n".join(lines)
+
+
+def readme_table(text: str) -> str:
+    found = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, flags=re.S)
+    if found is None:
+        raise SystemExit(f"{README}: no table between {BEGIN} and {END}")
+    return found.group(1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md's table is not what the runs give")
+    parser.add_argument("--out", default="runs/readme", help="parent folder of the two run folders")
+    args = parser.parse_args()
+    text = README.read_text()
+    written, measured = readme_table(text), table(measure(args.out))
+    if args.check:
+        if written != measured:
+            print(f"README.md's table is stale; the runs give:\n{measured}", file=sys.stderr)
+            return 1
+        print("README.md's table is what the runs give")
+        return 0
+    README.write_text(text.replace(written, measured))
+    print(measured)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
