@@ -1,5 +1,6 @@
-"""The README's table of what the default run reaches, written from the runs themselves so it cannot go stale:
-`memcl run` (MARS) and `memcl run --set method.name=finetune`, seed 0, each through `memcl.run`.
+"""The README's table of what the default run reaches (and the A_last line of its sample output), written from the
+runs themselves so they cannot go stale: `memcl run` (MARS) and `memcl run --set method.name=finetune`, seed 0, each
+through `memcl.run`.
 
     python scripts/readme_table.py           # run both, rewrite the table in README.md
     python scripts/readme_table.py --check   # run both, exit 1 if README.md's table differs
@@ -33,6 +34,12 @@ def table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def summary_line(s: dict) -> str:
+    """The A_last line `memcl run` prints (pipeline/report.py)."""
+    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+    return f"A_last {pct(s['a_last'])}   Ā {pct(s['a_mean'])}   forgetting {pct(s['forgetting'])}   BWT {pct(s['bwt'])}"
+
+
 def readme_table(text: str) -> str:
     found = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, flags=re.S)
     if found is None:
@@ -46,14 +53,20 @@ def main() -> int:
     parser.add_argument("--out", default="runs/readme", help="parent folder of the two run folders")
     args = parser.parse_args()
     text = README.read_text()
-    written, measured = readme_table(text), table(measure(args.out))
+    summaries = measure(args.out)
+    written, measured = readme_table(text), table(summaries)
+    line_written = re.search(r"^A_last .*$", text, flags=re.M)
+    line_measured = summary_line(summaries["MARS"])
     if args.check:
-        if written != measured:
-            print(f"README.md's table is stale; the runs give:\n{measured}", file=sys.stderr)
+        if written != measured or line_written is None or line_written.group(0) != line_measured:
+            print(f"README.md is stale; the runs give:\n{measured}\n{line_measured}", file=sys.stderr)
             return 1
-        print("README.md's table is what the runs give")
+        print("README.md's table and sample output are what the runs give")
         return 0
-    README.write_text(text.replace(written, measured))
+    text = text.replace(written, measured)
+    if line_written is not None:
+        text = text.replace(line_written.group(0), line_measured)
+    README.write_text(text)
     print(measured)
     return 0
 
