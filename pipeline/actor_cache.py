@@ -92,15 +92,12 @@ class ActorCache:
                 try:
                     ray.get(call)
                     break
-                except rex.ActorUnavailableError:  # restarting: ask again once Ray has it back
-                    if time.monotonic() > deadline:
-                        self._start_anew(role, *self.handles[role][:3])
-                        started.append(role)
-                        break
-                    time.sleep(0.1)
-                    call = self.handle(role).reset.remote(*self.handles[role][2])
-                except FAULTS:
-                    self._start_anew(role, *self.handles[role][:3])
+                except FAULTS as err:
+                    if isinstance(err, rex.ActorUnavailableError) and time.monotonic() < deadline:
+                        time.sleep(0.1)  # restarting: ask again once Ray has it back
+                        call = self.handle(role).reset.remote(*self.handles[role][2])
+                        continue
+                    self._start_anew(role, *self.handles[role][:3])  # dead for good, or not back in time
                     started.append(role)
                     break
         self._wait_ready(started)

@@ -92,8 +92,9 @@ class Recovery:
                     self.reports.phase("restore")
                     t_revive = time.perf_counter()
                     self.pipe.revive(self.last_good)
-                    self.state.add_wall("recovery", time.perf_counter() - t_revive)
-                    log.info("revived every role in %.1f s", time.perf_counter() - t_revive)
+                    seconds = time.perf_counter() - t_revive
+                    self.state.add_wall("recovery", seconds)
+                    log.info("revived every role in %.1f s", seconds)
                     self.incarnations, revive = None, False
                 if self.incarnations is None:
                     self.incarnations = self.pipe.roles.incarnations()
