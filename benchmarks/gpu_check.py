@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
@@ -52,6 +51,7 @@ import pyarrow as pa
 import ray
 import torch
 
+from memcl.pipeline import auth
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import EncoderPoolConfig, RunConfig
 from memcl.pipeline.encoder_pool import EncoderPool
@@ -397,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         if own_ray:
             # GPUs named, not detected: an actor asking for a GPU share Ray did not see would wait forever. The raw
             # batches are a few MB: a small object store, whatever /dev/shm the machine has.
+            if auth.token_on():
+                auth.ensure_local_token()
             ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False,
                      logging_level="ERROR", object_store_memory=2**30)
         try:

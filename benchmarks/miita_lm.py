@@ -17,7 +17,6 @@ import os
 from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from memcl.pipeline import lm, runner

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import yaml
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def _overrides(args: argparse.Namespace) -> dict:

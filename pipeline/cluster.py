@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -22,7 +23,7 @@ def check_cluster(cluster: dict, config: RunConfig) -> list[str]:
         jsonschema.validate(cluster, launcher_schema())
     except jsonschema.ValidationError as err:
         return [f"not a valid Ray cluster-launcher config: {err.message}"]
-    problems = []
+    problems = open_doors(cluster)
     types = cluster["available_node_types"]
     head = types[cluster["head_node_type"]]
     if head["resources"].get("CPU", 0) < 1:
@@ -42,6 +43,22 @@ def check_cluster(cluster: dict, config: RunConfig) -> list[str]:
         problems.append(f"{enc.replicas} encoder replicas but the node types can hold at most {capacity}")
     if cluster.get("max_workers", 0) < enc.replicas - replicas_per_node.get(cluster["head_node_type"], 0):
         problems.append(f"max_workers {cluster.get('max_workers')} is below the {enc.replicas} replicas' need")
+    return problems
+
+
+def open_doors(cluster: dict) -> list[str]:
+    """Ways in for someone other than the cluster's owner: a node started without token authentication, a token
+    written into the config, a dashboard listening beyond the head's loopback."""
+    problems = []
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        for command in cluster.get(key, []):
+            if "ray start" in command and "RAY_AUTH_MODE=token" not in command:
+                problems.append(f"{key}: {command!r} starts Ray without RAY_AUTH_MODE=token")
+            host = re.search(r"--dashboard-host[= ](\S+)", command)
+            if host and host.group(1) not in ("127.0.0.1", "localhost", "::1"):
+                problems.append(f"{key}: the dashboard listens on {host.group(1)}, beyond the head's loopback")
+    if "RAY_AUTH_TOKEN=" in yaml.safe_dump(cluster):
+        problems.append("a token is written into the config: mount it from a file (file_mounts) instead")
     return problems
 
 

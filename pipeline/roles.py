@@ -17,7 +17,7 @@ import ray
 from ray import exceptions as rex
 
 from memcl.actors.stream_source import StreamSource
-from memcl.pipeline import checkpoint
+from memcl.pipeline import auth, checkpoint
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import ConfigError, RunConfig
 from memcl.pipeline.progress import Reports
@@ -32,15 +32,23 @@ def ensure_ray(config) -> None:
     """Join `runtime.address` (or RAY_ADDRESS), or start Ray in-process; reuse a session already started."""
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     rt = config.runtime
     address = rt.address or os.environ.get("RAY_ADDRESS")
+    tokens = auth.token_on()
     # The actors' own output (library prints, warnings, an actor's traceback) stays in Ray's session logs
     # (/tmp/ray/session_latest/logs): on the terminal it would break the progress bars, and an actor's error
     # reaches the driver as the exception it raised.
     if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        except Exception as err:
+            refused = auth.refusal(err, address)
+            if refused is None:
+                raise
+            raise refused from err
     else:
+        if tokens:
+            auth.ensure_local_token()
         ray.init(num_cpus=rt.num_cpus, include_dashboard=False, object_store_memory=rt.object_store_mb * 2**20,
                  logging_level=logging.WARNING, log_to_driver=False)
 

@@ -31,7 +31,8 @@ def test_throughput_bench_compares_three_paths_on_the_same_stream(ray_session, t
         roles = [role for role in CPU_ROLES if role != "rest"]
         slack = 2 * len(roles) * tick_ms / r["cpu_ms.batches"]  # each process's user and system truncated apart
         assert sum(r[f"cpu_ms.{role}"] for role in roles) <= r["cpu_ms.total"] + slack, r
-        assert r["cpu_ms.memory"] + r["cpu_ms.monitor"] > 0, r
         assert r["cpu_ms.total"] <= psutil.cpu_count() * r["cpu_ms.wall"] + slack, r
+    # the learner processes are read at all: one short window can see no tick of theirs, so the four are summed
+    assert sum(r["cpu_ms.memory"] + r["cpu_ms.monitor"] for r in stage_rows) > 0, stage_rows
     printed = table(rows, stage_rows).splitlines()
     assert sum(line.startswith("| tiny") for line in printed) == len(rows) + 2 * len(stage_rows)

@@ -29,3 +29,20 @@ def test_check_names_what_does_not_fit():
     assert any("at most 8" in p for p in check_cluster(cluster, many))
     broken = {**cluster, "provider": "aws"}
     assert check_cluster(broken, config)[0].startswith("not a valid Ray cluster-launcher config")
+
+
+def test_only_the_clusters_owner_gets_in():
+    cluster = load_cluster(ROOT / "cluster.yaml")
+    config = load_config(ROOT / "pipeline" / "configs" / "cluster.yaml")
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in cluster[key]
+              if "ray start" in c]
+    assert len(starts) == 2 and all("RAY_AUTH_MODE=token" in c for c in starts)
+    assert cluster["file_mounts"] == {"~/.ray/auth_token": "~/.memcl/cluster_token"}  # Ray's own token path
+    heads = cluster["head_start_ray_commands"]
+    opened = {**cluster, "head_start_ray_commands": [
+        c.replace("RAY_AUTH_MODE=token ", "").replace("127.0.0.1", "0.0.0.0") for c in heads]}
+    problems = check_cluster(opened, config)
+    assert any("without RAY_AUTH_MODE=token" in p for p in problems)
+    assert any("dashboard listens on 0.0.0.0" in p for p in problems)
+    leaked = {**cluster, "worker_start_ray_commands": ["RAY_AUTH_MODE=token RAY_AUTH_TOKEN=abc ray start --address=x"]}
+    assert any("token is written into the config" in p for p in check_cluster(leaked, config))

@@ -1,0 +1,72 @@
+"""Ray's token authentication, which memcl keeps on: every Ray process memcl starts or joins runs with
+`RAY_AUTH_MODE=token` unless the environment chose a mode itself, so a client without the cluster's token is
+refused (an unauthenticated Ray is remote code execution for whoever reaches its ports).
+
+Where the token comes from is Ray's: `RAY_AUTH_TOKEN`, the file `RAY_AUTH_TOKEN_PATH` names, or `~/.ray/auth_token`.
+An in-process Ray with none of them gets a new token in `~/.ray/auth_token`, readable by its owner only."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from memcl.pipeline.config import ConfigError
+
+MODE = "RAY_AUTH_MODE"
+
+
+def token_on() -> bool:
+    """Turn token authentication on unless the environment set a mode; whether it is on."""
+    if MODE not in os.environ:
+        os.environ[MODE] = "token"
+        _reload_ray_config()
+    return os.environ[MODE].lower() == "token"
+
+
+def _reload_ray_config() -> None:
+    # Ray reads its mode into a process-wide config when it is imported; a mode set later counts only once it is
+    # read again (the call Ray makes itself when it turns token authentication on)
+    import sys
+
+    if "ray" in sys.modules:
+        from ray._raylet import Config
+
+        Config.initialize("")
+
+
+def default_token_path() -> Path:
+    return Path.home() / ".ray" / "auth_token"
+
+
+def has_token() -> bool:
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(path or default_token_path()).is_file()
+
+
+def ensure_local_token() -> None:
+    """A token for an in-process Ray where none is set: a new random one in `~/.ray/auth_token`, created readable by
+    this user only (Ray would create it with the umask's permissions)."""
+    if has_token():
+        return
+    path = default_token_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(secrets.token_hex(32))
+
+
+def refusal(err: BaseException, address: str) -> ConfigError | None:
+    """The one-line error for a Ray cluster that refused to let this process join for want of its token (None when
+    `err` is another failure)."""
+    chain, seen = [], err
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(f"{type(e).__name__} {e}" for e in chain)
+    if "AuthenticationError" not in text and "InvalidAuthToken" not in text:
+        return None
+    where = os.environ.get("RAY_AUTH_TOKEN_PATH") or ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN")
+                                                      else str(default_token_path()))
+    what = "refused the token from" if has_token() else "needs its token, and none was found in"
+    return ConfigError(f"the Ray cluster at {address} {what} {where}: copy the cluster's token into a file "
+                       "readable by you only and set RAY_AUTH_TOKEN_PATH to it (docs/guide.md, 'Running on a cluster')")
