@@ -11,6 +11,14 @@ import torch.nn.functional as F
 NORM_EPS = 1e-8
 
 
+def resolve_device(name: str) -> torch.device:
+    """`name` as a torch device; "auto": the first GPU this process sees, else the CPU. Ray makes visible to an
+    actor exactly the GPUs it assigned it (CUDA_VISIBLE_DEVICES), so in an actor "auto" is the placement's device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def normalize(v: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
     """Norm(v) = v / (‖v‖₂ + ε) along the last axis."""
     return v / (v.norm(dim=-1, keepdim=True) + eps)

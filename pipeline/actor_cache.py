@@ -125,6 +125,11 @@ class ActorCache:
         time)."""
         return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_pid) for r in roles])))
 
+    def placement(self, roles: list[str]) -> dict[str, dict]:
+        """Per role: the node its actor runs on, the Ray resources assigned to it, the device "auto" resolves to in
+        its process (a GPU only where Ray assigned one)."""
+        return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_placement) for r in roles])))
+
     def close(self) -> None:
         for *_, handle in self.handles.values():
             ray.kill(handle)
@@ -137,3 +142,11 @@ def _process_token(actor) -> str:  # run in an actor by `__ray_call__`
 
 def _pid(actor) -> int:  # run in an actor by `__ray_call__`, which passes the actor instance first
     return os.getpid()
+
+
+def _placement(actor) -> dict:  # run in an actor by `__ray_call__`
+    from memcl_ops.tensors import resolve_device
+
+    context = ray.get_runtime_context()
+    return {"node": context.get_node_id(), "resources": context.get_assigned_resources(),
+            "device": str(resolve_device("auto"))}

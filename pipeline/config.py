@@ -40,6 +40,23 @@ class EncoderPoolConfig:
     threads: int = 2  # torch threads in each replica (Ray sets OMP_NUM_THREADS=1 in actors)
 
 
+# The roles whose actors `runtime.placement` places (the encoders are placed by the `encoder` section)
+ROLES = ("source", "memory", "monitor", "stage1", "stage2", "adapter_trainer", "lm_encoder", "lm_trainer")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What one role's actor reserves from Ray, so where it runs: a role given a GPU (or a share of one) computes on
+    it; custom resources pin it to the nodes that offer them."""
+
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def options(self) -> dict[str, Any]:
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": dict(self.resources)}
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """How every run executes, whatever its family (`memcl run`'s and `memcl lm`'s `runtime` section); `transport`,
@@ -69,10 +86,21 @@ class RuntimeConfig:
     evaluate_every: int = 1
     # evaluate only the N most recently first-trained tasks (None: all seen); after the last round, all seen
     evaluate_window: int | None = None
+    # per role (ROLES), what its actor reserves; a role not named keeps its default: nothing reserved for the
+    # learner actors (they mostly wait on the encoders), a CPU for the LM's actor, the encoders' share for NSR's trainer
+    placement: dict[str, Placement] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.chaos_seconds < 0:
             raise ConfigError(f"runtime.chaos_seconds: {self.chaos_seconds} is below 0 (0 turns chaos mode off)")
+        unknown = sorted(set(self.placement) - set(ROLES))
+        if unknown:
+            raise ConfigError(f"runtime.placement: no role {unknown}; the roles are {list(ROLES)} "
+                              "(encoder replicas are placed by the encoder section)")
+
+    def actor_options(self, role: str, default: Placement = Placement()) -> dict[str, Any]:
+        """Ray options of `role`'s actor: its placement (or `default`) and the restarts of every actor."""
+        return {**self.placement.get(role, default).options(), "max_restarts": self.max_restarts}
 
 
 @dataclass(frozen=True)

@@ -70,16 +70,15 @@ class FeaturePipeline:
         # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
         self.content_cache = rt.cache_dir if self.inline and rt.cache_dir else None
         self.method = method = spec.resolve(config.method)
-        # Learner actors do little work per call (the encoders hold the CPUs); Ray restarts them after a crash.
-        light = {"num_cpus": 0, "max_restarts": rt.max_restarts}
         # An analytic head over features encoded in-line: each encoder replica sums the statistics of the batches it
         # encodes and the MemoryManager's statistics store merges them.
         self.merges = spec.mergeable and self.inline and method.analytic.accumulate_in == "encoders"
         names = ["source"]
+        # each role computes on the device its placement gave its process ("auto": a GPU where Ray assigned one)
         plan = role_plan(spec, config.method, info.feature_dim, config.seed, merges=self.merges,
-                         threads=rt.actor_threads)
+                         threads=rt.actor_threads, device="auto")
         for role, (_, args) in plan.items():
-            actors.get(role, ACTORS[role], light, *args)
+            actors.get(role, ACTORS[role], rt.actor_options(role), *args)
             names.append(role)
         self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else ())
         self.flow = FeatureFlow(ActorCalls(self.roles.handle), spec, config.method)

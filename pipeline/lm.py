@@ -41,7 +41,7 @@ from memcl.actors.lm_trainer import LMTrainer
 from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint, report
 from memcl.pipeline.actor_cache import FAULTS, ActorCache, failed_to_start
-from memcl.pipeline.config import ConfigError, RuntimeConfig, dump_config
+from memcl.pipeline.config import ConfigError, Placement, RuntimeConfig, dump_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
 from memcl.pipeline.executors import ActorCalls
 from memcl.pipeline.loop import PhaseHook, discard_unstarted, new_run_dir, stream
@@ -124,7 +124,7 @@ class LMContext:
         self.train = [[ray.put(b) for b in batches] for batches in train]
         self.test = [[ray.put(b) for b in batches] for batches in test]
         rt = config.runtime
-        actors.get("lm_encoder", LMEncoder, {"num_cpus": 1, "max_restarts": rt.max_restarts}, config.model,
+        actors.get("lm_encoder", LMEncoder, rt.actor_options("lm_encoder", Placement(num_cpus=1)), config.model,
                    rt.actor_threads)
         self.model = ray.get(self.encoder.info.remote())
         self.extracted: dict[int, list[ray.ObjectRef]] = {}  # per task: (key, R_m) batches, computed once
@@ -161,15 +161,14 @@ class LMPipeline:
         method = lm_method(spec.method)
         self.method = method.resolve_lm(cfg.method)  # with the settings the method fixes
         probe = LMFlow(ActorCalls(lambda role: None), method, self.method, spec.budget)
-        options = {"num_cpus": 0, "max_restarts": rt.max_restarts}
         names = ["lm_encoder"]
         stores = probe.stores(ctx.model["hidden"], ctx.model["vocab"])
         if stores:
-            ctx.actors.get("memory", MemoryManager, options, stores, 1)
+            ctx.actors.get("memory", MemoryManager, rt.actor_options("memory"), stores, 1)
             names.append("memory")
         if probe.trains:
-            ctx.actors.get("lm_trainer", LMTrainer, options, cfg.model, self.method.finetune, cfg.seed,
-                           rt.actor_threads)
+            ctx.actors.get("lm_trainer", LMTrainer, rt.actor_options("lm_trainer"), cfg.model, self.method.finetune,
+                           cfg.seed, rt.actor_threads)
             names.append("lm_trainer")
         self.roles = Roles(ctx.actors, names)
         self.flow = LMFlow(ActorCalls(self.roles.handle), method, self.method, spec.budget)

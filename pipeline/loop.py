@@ -288,6 +288,7 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float) -> dict:
         "wall_seconds": {"total": wall, **state.wall},
         "actor_busy_seconds": {f"{actor}.{stage}": v["seconds"] for actor, stages in timings.items()
                                for stage, v in stages.items()},
+        "placement": pipe.roles.placement(),
         "round_log": state.round_log,
         "consolidations": len(state.round_log),
         "recoveries": state.recoveries,

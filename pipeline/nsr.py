@@ -26,7 +26,7 @@ from memcl.actors.adapter_trainer import AdapterTrainer
 from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint
 from memcl.pipeline.actor_cache import ActorCache
-from memcl.pipeline.config import ConfigError, RunConfig
+from memcl.pipeline.config import ConfigError, Placement, RunConfig
 from memcl.pipeline.executors import ActorCalls
 from memcl.pipeline.progress import InFlight, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
@@ -49,14 +49,15 @@ class NSRPipeline:
         if min(len(c) for c in info.task_classes) < 2:  # the classes of own data are known only once it is read
             raise ConfigError(f"stream.tasks: {config.method.name} learns each task with its own head of two classes "
                               f"or more; {info.name} gives tasks of {[len(c) for c in info.task_classes]} classes")
+        # the adapter trains inside the encoder: by default it reserves what an encoder replica would
         trainer = actors.get("adapter_trainer", AdapterTrainer,
-                             {"num_cpus": enc.num_cpus, "num_gpus": gpus, "max_restarts": rt.max_restarts},
+                             rt.actor_options("adapter_trainer", Placement(enc.num_cpus, gpus, dict(enc.resources))),
                              enc.spec, info.payload, self.nsr, n_way, config.seed, enc.threads)
         self.trainer_info = ray.get(trainer.info.remote())
         names = ["source", "adapter_trainer"]
         self.banks = self.nsr.allocation == "bank"  # the memoryless rules keep nothing beyond the active capacity
         if self.banks:
-            actors.get("memory", MemoryManager, {"num_cpus": 0, "max_restarts": rt.max_restarts},
+            actors.get("memory", MemoryManager, rt.actor_options("memory"),
                        nsr_stores(self.nsr), rt.actor_threads)
             names.append("memory")
         self.roles = Roles(actors, names)

@@ -165,6 +165,10 @@ class Roles:
     def incarnations(self) -> dict[str, str]:
         return self.actors.incarnations(self.names)
 
+    def placement(self) -> dict[str, dict]:
+        """Where each role's actor runs now: its node, the Ray resources it holds and the device it computes on."""
+        return self.actors.placement(self.all_names())
+
     def timings(self) -> dict[str, dict]:
         names = self.all_names()
         return dict(zip(names, ray.get([self.actors.handle(r).timings.remote() for r in names])))
@@ -196,7 +200,7 @@ class StreamPipeline(Protocol):
 
 def stream_source(config: RunConfig, actors: ActorCache) -> ray.actor.ActorHandle:
     rt = config.runtime
-    return actors.get("source", StreamSource, {"num_cpus": 0, "max_restarts": rt.max_restarts}, config.data,
+    return actors.get("source", StreamSource, rt.actor_options("source"), config.data,
                       config.stream, rt.max_batch_rows)
 
 

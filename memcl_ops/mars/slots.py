@@ -12,7 +12,7 @@ import torch
 from memcl_ops.arrow import schema as S
 from memcl_ops.mars.router import RouterConfig, SlotRouter
 from memcl_ops.mars.sgse import Expansion
-from memcl_ops.tensors import prefixed, state_part
+from memcl_ops.tensors import prefixed, resolve_device, state_part
 
 
 class SlotMemory:
@@ -94,7 +94,7 @@ class SlotStore(SlotMemory):
 
     def __init__(self, feature_dim: int, config: RouterConfig, max_slots: int, seed: int, device: str = "cpu"):
         super().__init__(feature_dim, config, max_slots, seed)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.to(self.device)
         self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # the round's feature batches (`keep`)
 

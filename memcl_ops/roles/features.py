@@ -37,7 +37,7 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
               threads: int | None = None, device: str = "cpu") -> RolePlan:
     """The roles a method has and how each is built. `merges`: the memory manager also merges analytic statistics
     summed elsewhere (by encoder replicas); `threads`: the torch threads of each hosting process (None: leave
-    them); `device`: where routing and stage 1 compute."""
+    them); `device`: where routing and stage 1 compute ("auto": a GPU where the hosting process sees one)."""
     method = spec.resolve(config)
     plan: RolePlan = {}
     stores = {}

@@ -10,6 +10,7 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.clock import StageClock
 from memcl_ops.mars.dcda import Stage1Config, train_stage1
 from memcl_ops.mars.router import RouterConfig, SlotRouter
+from memcl_ops.tensors import resolve_device
 from memcl_ops.training import ProgressQueue, epoch_reporter, report_epochs
 
 
@@ -28,7 +29,7 @@ class Stage1Trainer:
               threads: int | None = None, device: str = "cpu") -> None:
         if threads is not None:
             torch.set_num_threads(threads)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.feature_dim, self.router_config, self.config, self.seed = feature_dim, router, config, seed
         self.rounds = 0
         self.losses: list[list[float]] = []
