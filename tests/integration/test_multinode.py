@@ -26,3 +26,24 @@ def test_replicas_on_different_nodes_match_the_single_node_run(tmp_path):
     np.testing.assert_array_equal(np.array(result["multi"]["acc_matrix"], float),
                                   np.array(result["single"]["acc_matrix"], float))
     assert result["multi"]["samples"] == result["single"]["samples"]
+
+
+def test_a_worker_node_lost_mid_run_is_replayed_on_the_nodes_left(tmp_path):
+    script = Path(__file__).with_name("node_loss.py")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    before, after = result["undisturbed"], result["disturbed"]
+    for role in ("source", "memory", "monitor", "stage1", "stage2"):  # the learners ran where they were placed
+        assert after["placement"][role]["node"] == result["learner_node"], role
+    assert len(result["removed"]) == 1 and result["removed"][0] in result["encoder_nodes"]
+    survivor = (set(result["encoder_nodes"]) - set(result["removed"])).pop()
+    assert after["placement"]["encoder0"]["node"] == survivor  # the replica came back on the node left
+    assert before["recoveries"] == 0 and after["recoveries"] >= 1
+    np.testing.assert_array_equal(np.array(after["acc_matrix"], float), np.array(before["acc_matrix"], float))
+    assert after["samples"] == before["samples"]
+    assert after["samples"]["learned"] == after["samples"]["unique_learned"] == after["samples"]["stream"]
+    assert after["slots"] == before["slots"]
