@@ -81,9 +81,13 @@ def read_runs(folder: Path) -> list[RunRow]:
 
 def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: str | Path = "runs/bench",
           overrides: dict[str, object] | None = None, actors: ActorCache | None = None,
-          progress: bool = False, log=print) -> list[RunRow]:
+          progress: bool = False, fan_out: float = 0.0, log=print) -> list[RunRow]:
     """Run every method of suite `name` for seeds 0..seeds-1; rewrites the result files after each run so an
-    interrupted bench keeps what it finished. Returns one row per run."""
+    interrupted bench keeps what it finished. Returns one row per run, in (method, seed) order.
+
+    `fan_out`: run the (method, seed) runs side by side as Ray tasks over the cluster, each reserving this many CPUs
+    and starting its own actors (0: one after another in this process, sharing `actors`). Each run is seeded and
+    deterministic, so both give the same rows."""
     chosen = suite(name)
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
@@ -94,6 +98,10 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
                                     "runtime.checkpoint": False, "runtime.progress": progress,
                                     "runtime.out": str(folder / "runs")})
     names = suite_methods(chosen, config, methods)
+    # folders absolute: a run fanned out to a Ray worker does not share this process's working directory
+    rt = config.runtime
+    config = replace(config, runtime=replace(rt, out=str(Path(rt.out).resolve()),
+                                             cache_dir=str(Path(rt.cache_dir).resolve()) if rt.cache_dir else ""))
     own = actors is None
     actors = actors or ActorCache()
     rows: list[RunRow] = []
@@ -101,19 +109,37 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
         encoding = encode_stream(config, actors)
         log(f"[{chosen.name}] stream encoded into the feature cache: {encoding:.0f} s, shared by every run "
             "(not in any method's time)")
-        for method in names:
-            for seed in range(seeds):
-                started = time.perf_counter()
-                metrics = runner.run(replace(config, seed=seed, method=replace(config.method, name=method)),
-                                     actors=actors).metrics
-                rows.append(RunRow.of(metrics))
-                log(f"[{chosen.name}] {method} seed {seed}: A_last {100 * rows[-1].summary['a_last']:.2f} "
-                    f"(train {rows[-1].train_seconds:.0f} s, {time.perf_counter() - started:.0f} s in all)")
-                write_results(folder, chosen, rows, seeds)
+        runs = [replace(config, seed=seed, method=replace(config.method, name=method))
+                for method in names for seed in range(seeds)]
+        started = time.perf_counter()
+        for metrics in (_fanned_out(runs, fan_out) if fan_out else
+                        (runner.run(run, actors=actors).metrics for run in runs)):
+            rows.append(RunRow.of(metrics))
+            rows.sort(key=lambda r: (names.index(r.method), r.seed))
+            log(f"[{chosen.name}] {metrics['method']} seed {metrics['seed']}: A_last "
+                f"{100 * metrics['summary']['a_last']:.2f} (train {RunRow.of(metrics).train_seconds:.0f} s; "
+                f"{len(rows)} of {len(runs)} runs in {time.perf_counter() - started:.0f} s)")
+            write_results(folder, chosen, rows, seeds)
     finally:
         if own:
             actors.close()
     return rows
+
+
+def _fanned_out(runs: list[RunConfig], cpus: float):
+    """The metrics of each run, as each finishes, the runs going side by side as Ray tasks (a task whose node is
+    lost is retried by Ray elsewhere: a run is deterministic, so its retry gives the same result)."""
+    import ray
+
+    remote = ray.remote(_run_metrics).options(num_cpus=cpus, max_retries=2)
+    pending = [remote.remote(run) for run in runs]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        yield ray.get(done[0])
+
+
+def _run_metrics(config: RunConfig) -> dict:
+    return runner.run(config).metrics
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:

@@ -194,7 +194,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         methods = [preflight.method(m.strip()).name for m in args.methods.split(",") if m.strip()] \
             if args.methods else None
         rows = bench.bench(args.suite, seeds=args.seeds, methods=methods, out=args.bench_out,
-                           overrides=_overrides(args), progress=args.progress)
+                           overrides=_overrides(args), progress=args.progress, fan_out=args.fan_out)
     print()
     print(bench.markdown(bench.suite(args.suite), bench.aggregate(rows), max(r.seed for r in rows) + 1))
     print(f"tables, curves and runs: {folder}")
@@ -335,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--out", dest="bench_out", default="runs/bench", help="parent folder of <suite>/ results")
     ben.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
     ben.add_argument("--progress", action="store_true", help="show each run's progress bars")
+    ben.add_argument("--fan-out", type=float, nargs="?", const=1.0, default=0.0, metavar="CPUS",
+                     help="run the (method, seed) runs side by side as Ray tasks over the cluster (--address), each "
+                          "reserving CPUS (default 1); the tables are the sequential bench's")
     ben.add_argument("--render", action="store_true", help="re-write the tables and plot from <out>/<suite>/runs.csv")
     ben.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value of the suite")
     ben.set_defaults(func=cmd_bench)

@@ -85,3 +85,20 @@ def test_bench_runs_each_method_and_seed_once_and_tables_agree_with_the_runs(act
         assert (back.method, back.seed, back.memory_bytes) == (run.method, run.seed, run.memory_bytes)
         assert back.summary == pytest.approx(run.summary, abs=1e-6)
         np.testing.assert_allclose(back.curve, run.curve, atol=1e-4)
+
+
+def test_bench_fanned_out_as_ray_tasks_gives_the_sequential_rows(actors, tmp_path):
+    methods = ["mars", "derpp"]
+    kwargs = {"seeds": 1, "methods": methods, "overrides": SMALL_DRIFT, "log": lambda _: None}
+    sequential = bench.bench("synthetic-drift", out=tmp_path / "sequential", actors=actors, **kwargs)
+    fanned = bench.bench("synthetic-drift", out=tmp_path / "fanned", fan_out=1.0, **kwargs)
+    assert [(r.method, r.seed) for r in fanned] == [(m, 0) for m in methods]
+    for one, other in zip(sequential, fanned, strict=True):
+        assert (one.method, one.seed, one.summary, one.memory_bytes) == (other.method, other.seed, other.summary,
+                                                                         other.memory_bytes)
+        np.testing.assert_array_equal(one.curve, other.curve)
+    for name in ("results.md", "results.csv"):  # the same tables, but for the train seconds column
+        strip = lambda text: [line.rsplit("|", 3)[0] if "|" in line else line.rsplit(",", 2)[0]  # noqa: E731
+                              for line in text.splitlines()]
+        assert strip((tmp_path / "sequential/synthetic-drift" / name).read_text()) == \
+            strip((tmp_path / "fanned/synthetic-drift" / name).read_text())
