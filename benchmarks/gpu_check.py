@@ -13,11 +13,13 @@ bracketed by torch.cuda.synchronize()):
 * greedy decoding of a causal LM, plain and with MIITA's gated temporary update (a direction memory written from
   the same prompts, so the gate opens); SmolLM2-135M-Instruct when its weights are installed, else the same
   architecture with random weights (the speed is the architecture's);
+* MARS's learner roles through the actor pipeline, each placed on a quarter of the GPU by `runtime.placement`:
+  the device each role's process resolved and its throughput;
 * NSR: LoRA training steps (q/v of the ViT, a fresh adapter and head) through `build_learner("nsr", ...)`.
 
     python benchmarks/gpu_check.py           # full sizes on CUDA; tiny sizes when there is no CUDA
     python benchmarks/gpu_check.py --tiny    # tiny encoders, LM and sizes, a few iterations (the CPU check)
-    python benchmarks/gpu_check.py --only encoder lm   # some case groups: encoder, mars, lm, nsr
+    python benchmarks/gpu_check.py --only encoder lm   # some case groups: encoder, mars, roles, lm, nsr
 
 On a GPU host without a package registry (its own python3 with torch, plus what benchmarks/gpu_site.sh
 packed here into .whl/gpu_site.tar.xz, carried along):
@@ -51,9 +53,9 @@ import pyarrow as pa
 import ray
 import torch
 
-from memcl.pipeline import auth
+from memcl.pipeline import auth, runner
 from memcl.pipeline.actor_cache import ActorCache
-from memcl.pipeline.config import EncoderPoolConfig, RunConfig
+from memcl.pipeline.config import EncoderPoolConfig, RunConfig, load_config
 from memcl.pipeline.encoder_pool import EncoderPool
 from memcl_ops.arrow import schema as S
 from memcl_ops.head_training import Stage2Config
@@ -69,7 +71,7 @@ from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.nsr.adapter import NSRConfig
 from memcl_ops.training import OptimConfig
 
-GROUPS = ("encoder", "mars", "lm", "nsr")
+GROUPS = ("encoder", "mars", "roles", "lm", "nsr")
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,36 @@ def mars_rows(sizes: Sizes, device: str) -> list[Row]:
     return rows
 
 
+# ------------------------------------------------------------------------------------------------ placed roles
+
+# each learner role of MARS's pipeline and the actor-busy stage that times its work
+PLACED_ROLES = {"memory": "memory.slots", "monitor": "monitor.monitor", "stage1": "stage1.stage1",
+                "stage2": "stage2.stage2"}
+
+
+def placed_role_rows(sizes: Sizes, device: str) -> list[Row]:
+    """MARS through `memcl run`'s actor pipeline (a class-structured synthetic stream of 2 tasks), each learner role
+    given a quarter of a GPU by `runtime.placement` where there is one: a row per role, its device as the role's
+    process resolved it, its throughput the stream's rows over the role's busy seconds."""
+    share = 0.25 if device.startswith("cuda") else 0.0
+    stage1, stage2 = sizes.mars_epochs
+    with tempfile.TemporaryDirectory(prefix="memcl-gpu-check-run-") as out:
+        metrics = runner.run(load_config(overrides={
+            "data.dataset": "synthetic", "data.synthetic.dim": sizes.mars_dim, "data.synthetic.classes": 4,
+            "data.synthetic.train_per_class": sizes.mars_rows // 4, "data.synthetic.test_per_class": 8,
+            "stream.tasks": 2, "stream.batch_size": sizes.mars_batch, "method.stage1.optim.epochs": stage1,
+            "method.stage2.optim.epochs": stage2, "runtime.actor_threads": sizes.threads,
+            "runtime.placement": {role: {"num_gpus": share} for role in PLACED_ROLES},
+            "runtime.out": out, "runtime.progress": False, "runtime.checkpoint": False})).metrics
+    rows = []
+    for role, stage in PLACED_ROLES.items():
+        where, busy = metrics["placement"][role], metrics["actor_busy_seconds"].get(stage, 0.0)
+        rows.append(Row("MARS pipeline", f"{role} (num_gpus {share})", where["device"], sizes.mars_batch,
+                        metrics["samples"]["learned"] / busy if busy else math.nan, "samples/s", busy, 1,
+                        f"holds {where['resources'] or 'nothing'}; {stage} busy over the run"))
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------ LM decoding
 
 
@@ -351,6 +383,8 @@ def run_cases(sizes: Sizes, device: str, groups: tuple[str, ...] = GROUPS) -> li
     if "mars" in groups:
         for where in dict.fromkeys((device, "cpu")):
             rows += mars_rows(sizes, where)
+    if "roles" in groups:
+        rows += placed_role_rows(sizes, device)
     if "lm" in groups:
         rows += decode_rows(sizes, device)
     if "nsr" in groups:
@@ -359,7 +393,8 @@ def run_cases(sizes: Sizes, device: str, groups: tuple[str, ...] = GROUPS) -> li
 
 
 def expected_rows(device: str, groups: tuple[str, ...] = GROUPS) -> int:
-    per_group = {"encoder": 6, "mars": 2 * (2 if device.startswith("cuda") else 1), "lm": 2, "nsr": 1}
+    per_group = {"encoder": 6, "mars": 2 * (2 if device.startswith("cuda") else 1), "roles": len(PLACED_ROLES),
+                 "lm": 2, "nsr": 1}
     return sum(per_group[g] for g in groups)
 
 
