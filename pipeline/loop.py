@@ -75,8 +75,9 @@ class Recovery:
     """Every step of a run that calls its actors goes through `run`: where an actor fault interrupts the step, every
     role is revived and restored to the last committed state (`last_good`; None before the first: the actors'
     construction state) and the step runs again from there. An actor Ray restarted between two calls fails none of
-    them but has lost its state: each step ends by checking that every role is still the process it was, and a
-    restart found there is a fault of the step. A fault while reviving is one more fault of the step;
+    them but has lost its state: each step ends by checking that every role is still the process it was (and so does
+    a step that fails with an error of its own, which a role's lost state may have caused), and a restart found
+    there is a fault of the step. A fault while reviving is one more fault of the step;
     `runtime.max_recoveries` faults in a row of one step end the run (RunStopped, its checkpoint kept)."""
 
     def __init__(self, pipe: StreamPipeline, state: RunState, rt: RuntimeConfig, run_dir: Path, reports: Reports):
@@ -103,7 +104,10 @@ class Recovery:
                 return result
             except Exception as err:
                 if not is_fault(err):
-                    raise
+                    restarted = self._restarted()
+                    if restarted is None:
+                        raise
+                    err = restarted  # the error came from a role that had lost its state: the restart is the fault
                 faults += 1
                 role = self.pipe.roles.actors.role_of(err)
                 where = f"the {role} actor" if role else "an actor"
@@ -121,6 +125,17 @@ class Recovery:
         restarted = [role for role, token in now.items() if self.incarnations.get(role) != token]
         if restarted:
             raise ActorRestarted(restarted[0])
+
+    def _restarted(self) -> Exception | None:
+        """After a step raised an error that is no actor fault: the fault behind it if a role was restarted since the
+        step began (its state lost, the step computed on a mix of states), else None."""
+        if self.incarnations is None:
+            return None
+        try:
+            self._check_incarnations()
+        except Exception as err:
+            return err if is_fault(err) else None
+        return None
 
 
 def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig, bars: Progress, metrics: dict, *,
