@@ -7,4 +7,9 @@ import ray
 
 from memcl_ops.roles import adapter_trainer as role
 
-AdapterTrainer = ray.remote(role.AdapterTrainer)
+
+@ray.remote
+class AdapterTrainer(role.AdapterTrainer):
+    def rendezvous(self) -> str:
+        """Where this trainer, as worker 0 of a data-parallel group, is reached by the others: its node's address."""
+        return role.rendezvous_address(ray.util.get_node_ip_address())

@@ -41,7 +41,7 @@ def _row_mean(rows: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
             weights: torch.Tensor | None = None) -> torch.Tensor:
     """T² · KL(softmax(teacher/T) ‖ softmax(student/T)), averaged over rows (Hinton et al.), or summed with
-    `weights` (one per row, summing to 1)."""
+    `weights` (one per row: summing to 1 for a weighted mean)."""
     t = temperature
     log_p_student = F.log_softmax(student_logits / t, dim=1)
     p_teacher = F.softmax(teacher_logits / t, dim=1)

@@ -89,8 +89,12 @@ class RuntimeConfig:
     # per role (ROLES), what its actor reserves; a role not named keeps its default: nothing reserved for the
     # learner actors (they mostly wait on the encoders), a CPU for the LM's actor, the encoders' share for NSR's trainer
     placement: dict[str, Placement] = field(default_factory=dict)
+    # workers of NSR's adapter trainer, learning as one (PyTorch DDP: each takes its share of every step's rows)
+    data_parallel: int = 1
 
     def __post_init__(self) -> None:
+        if self.data_parallel < 1:
+            raise ConfigError(f"runtime.data_parallel: {self.data_parallel} workers; 1 or more")
         if self.chaos_seconds < 0:
             raise ConfigError(f"runtime.chaos_seconds: {self.chaos_seconds} is below 0 (0 turns chaos mode off)")
         unknown = sorted(set(self.placement) - set(ROLES))

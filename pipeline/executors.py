@@ -29,6 +29,37 @@ class ActorCalls:
         return ray.get(handle)
 
 
+class WorkerGroup:
+    """The data-parallel workers of one role, addressed as one actor handle: a call in `everyone` goes to every
+    worker (worker 0's result is the call's; the others' are kept for `drain`), any other call to worker 0 alone.
+    `handles()` gives the workers' current actors (they change when a worker is revived)."""
+
+    def __init__(self, handles: Callable[[], list[Handle]], everyone: frozenset[str]):
+        self.handles, self.everyone = handles, everyone
+        self.pending: list[ray.ObjectRef] = []
+
+    def __getattr__(self, method: str) -> Any:
+        handles = self.handles()
+        if method not in self.everyone:
+            return getattr(handles[0], method)
+        return _FanOut(handles, method, self.pending)
+
+    def drain(self) -> None:
+        """Wait for the other workers' calls (an error of theirs is raised here)."""
+        pending, self.pending = self.pending, []
+        ray.get(pending)
+
+
+class _FanOut:
+    def __init__(self, handles: list[Handle], method: str, pending: list[ray.ObjectRef]):
+        self.handles, self.method, self.pending = handles, method, pending
+
+    def remote(self, *args: Any, **kwargs: Any) -> ray.ObjectRef:
+        first, *rest = (getattr(h, self.method).remote(*args, **kwargs) for h in self.handles)
+        self.pending += rest
+        return first
+
+
 class GraphBinding:
     """Wiring into a Ray Compiled Graph: `call` binds the method (a DAG node); the graph is compiled once over the
     nodes a flow's calls produced and then executed many times. `get` has no meaning while wiring."""

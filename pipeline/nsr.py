@@ -27,12 +27,13 @@ from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import ConfigError, Placement, RunConfig
-from memcl.pipeline.executors import ActorCalls
+from memcl.pipeline.executors import ActorCalls, WorkerGroup
 from memcl.pipeline.progress import InFlight, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
 from memcl_ops.nsr.adapter import probe_full
+from memcl_ops.roles.adapter_trainer import REPLICATED
 from memcl_ops.roles.nsr import NSRFlow, nsr_stores
 from memcl_ops.rounds import RoundBatches, plan_rounds
 
@@ -49,20 +50,35 @@ class NSRPipeline:
         if min(len(c) for c in info.task_classes) < 2:  # the classes of own data are known only once it is read
             raise ConfigError(f"stream.tasks: {config.method.name} learns each task with its own head of two classes "
                               f"or more; {info.name} gives tasks of {[len(c) for c in info.task_classes]} classes")
-        # the adapter trains inside the encoder: by default it reserves what an encoder replica would
-        trainer = actors.get("adapter_trainer", AdapterTrainer,
-                             rt.actor_options("adapter_trainer", Placement(enc.num_cpus, gpus, dict(enc.resources))),
-                             enc.spec, info.payload, self.nsr, n_way, config.seed, enc.threads)
-        self.trainer_info = ray.get(trainer.info.remote())
-        names = ["source", "adapter_trainer"]
+        # the adapter trains inside the encoder: by default each worker reserves what an encoder replica would
+        options = rt.actor_options("adapter_trainer", Placement(enc.num_cpus, gpus, dict(enc.resources)))
+        self.workers = [f"adapter_trainer{'' if r == 0 else r}" for r in range(rt.data_parallel)]
+        for worker in self.workers:
+            actors.get(worker, AdapterTrainer, options, enc.spec, info.payload, self.nsr, n_way, config.seed,
+                       enc.threads)
+        self.trainer_info = ray.get(actors.handle("adapter_trainer").info.remote())
+        names = ["source", *self.workers]
         self.banks = self.nsr.allocation == "bank"  # the memoryless rules keep nothing beyond the active capacity
         if self.banks:
             actors.get("memory", MemoryManager, rt.actor_options("memory"),
                        nsr_stores(self.nsr), rt.actor_threads)
             names.append("memory")
         self.roles = Roles(actors, names)
-        self.flow = NSRFlow(ActorCalls(self.roles.handle), self.nsr)
+        self.group = WorkerGroup(lambda: [self.roles.handle(w) for w in self.workers], REPLICATED)
+        self.flow = NSRFlow(ActorCalls(self._handle), self.nsr)
         self.task_free = False  # NSR keys its bank at task arrival
+        self._join()
+
+    def _handle(self, role: str):
+        return self.group if role == "adapter_trainer" and len(self.workers) > 1 else self.roles.handle(role)
+
+    def _join(self) -> None:
+        """The adapter trainers form one data-parallel group (after their start and after every revival)."""
+        if len(self.workers) == 1:
+            return
+        handles = [self.roles.handle(w) for w in self.workers]
+        address = ray.get(handles[0].rendezvous.remote())
+        ray.get([h.join.remote(address, rank, len(handles)) for rank, h in enumerate(handles)])
 
     def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
         if role in ("source", "memory"):
@@ -115,6 +131,7 @@ class NSRPipeline:
                 submit(i)
             in_flight.add(self.flow.train(pending.popleft()))
         in_flight.drain()
+        self.group.drain()
         t_train = time.perf_counter()
         ended = self.flow.end_visit(task, key, tests, wait=lambda ref: bars.wait(
             [ref], f"{what} compress and test", "call", leave=False)[0])
@@ -141,7 +158,9 @@ class NSRPipeline:
         return dict(sorted(accuracy.items()))
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
+        self.group.pending.clear()  # calls of the workers before the fault
         self.roles.revive()
+        self._join()
         self.roles.restore(parts)
 
     def memory_report(self) -> dict[str, int]:

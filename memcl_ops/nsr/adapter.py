@@ -16,6 +16,11 @@ Training is `CE` on the task's labels plus, after a restore or a warm start, the
 teacher and student are read through the (frozen) heads of the tasks that adapter served [R].
 
 `AdapterLearner` is Ray-free; the AdapterTrainer actor wraps it and the MemoryManager actor owns the bank.
+
+Data-parallel (`learn_data_parallel`): N learners, one per process of a torch.distributed group, each take every
+N-th row of each optimizer step's rows; DDP all-reduces the gradients. Each worker weighs its rows' losses by N over
+the step's row count, so DDP's average over the workers is the gradient of the whole step's mean loss: the same
+learning as one learner on the same steps, up to the order of float sums.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Literal, Protocol
 import numpy as np
 import pyarrow as pa
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -146,6 +152,36 @@ def probe_full(rows_held: int, probe_size: int) -> bool:
     return rows_held >= probe_size
 
 
+class _Student(nn.Module):
+    """The trained forward of a step as one module, what DDP wraps: the frozen encoder with its LoRA sites, then
+    the head."""
+
+    def __init__(self, encoder: TrainableEncoder, head: nn.Linear):
+        super().__init__()
+        self.model, self.head = encoder.model, head
+        self.encoder = encoder  # not a module: its model is registered above
+
+    def forward(self, batch: pa.RecordBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encoder.features(batch).float()
+        return h, self.head(h)
+
+
+@dataclass
+class DataParallel:
+    """This learner as worker `rank` of `world` in the process's default torch.distributed group."""
+
+    rank: int
+    world: int
+    student: nn.Module  # the DDP-wrapped `_Student`
+
+    def shard(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, float]:
+        """This worker's rows of a step (every world-th from `rank` on) and the weight of each row's loss."""
+        rows = np.arange(self.rank, batch.num_rows, self.world)
+        if not len(rows):  # fewer rows than workers: take part in the all-reduce with a row that weighs nothing
+            return batch.slice(0, 1), 0.0
+        return batch.take(pa.array(rows)), self.world / batch.num_rows
+
+
 class AdapterLearner:
     def __init__(self, encoder: TrainableEncoder, config: NSRConfig, n_way: int, seed: int = 0):
         if n_way < 2:
@@ -159,7 +195,20 @@ class AdapterLearner:
         self.optimizer: torch.optim.Optimizer | None = None
         self.visits = 0  # arrivals seen (seeds fresh adapters and minibatch order)
         self.steps = 0  # optimizer steps in the current visit
+        self.parallel: DataParallel | None = None
         self._reset_head()
+
+    def learn_data_parallel(self, rank: int, world: int) -> None:
+        """Learn as worker `rank` of `world` in the default torch.distributed group, which every worker has joined;
+        the workers start from the same state (they restore the same checkpoint) and take the same calls."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        student = _Student(self.encoder, self.head)
+        # the frozen backbone is the same everywhere: DDP need not broadcast it
+        frozen = [n for n, p in student.named_parameters() if not p.requires_grad]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            student, frozen + [n for n, _ in student.named_buffers()])
+        self.parallel = DataParallel(rank, world, DistributedDataParallel(student))
 
     @torch.no_grad()
     def _reset_head(self) -> None:
@@ -237,20 +286,39 @@ class AdapterLearner:
         return losses
 
     def _step(self, batch: pa.RecordBatch) -> float:
-        y = self.local_labels(batch).to(self.device)
-        # The teacher pass swaps the factors in place, so it must come before the student pass records them.
-        teacher = self._teacher_features(batch) if self.teacher is not None else None
-        h = self.encoder.features(batch).float()
-        loss = F.cross_entropy(self.head(h), y)
-        if teacher is not None:
-            t = self.config.kd_temperature
-            heads = self.teacher[1]
-            loss = loss + self.config.kd_weight * torch.stack([kd_loss(g(h), g(teacher), t) for g in heads]).mean()
+        loss = self.loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         self.steps += 1
-        return float(loss.detach())
+        if self.parallel is None:
+            return float(loss.detach())
+        total = loss.detach().clone()  # the step's mean loss: the workers' weighed sums, summed, over the workers
+        dist.all_reduce(total)
+        return float(total) / self.parallel.world
+
+    def loss(self, batch: pa.RecordBatch) -> torch.Tensor:
+        """One step's loss on `batch`: its mean over the rows, or, data-parallel, this worker's rows weighed so that
+        the workers' average is that mean."""
+        weight = None
+        if self.parallel is not None:
+            batch, weight = self.parallel.shard(batch)
+        y = self.local_labels(batch).to(self.device)
+        # The teacher pass swaps the factors in place, so it must come before the student pass records them.
+        teacher = self._teacher_features(batch) if self.teacher is not None else None
+        if self.parallel is None:
+            h = self.encoder.features(batch).float()
+            logits = self.head(h)
+        else:
+            h, logits = self.parallel.student(batch)
+        rows = None if weight is None else torch.full((len(y),), weight, device=self.device)
+        loss = F.cross_entropy(logits, y) if rows is None else F.cross_entropy(logits, y, reduction="none") @ rows
+        if teacher is not None:
+            t = self.config.kd_temperature
+            heads = self.teacher[1]
+            loss = loss + self.config.kd_weight * torch.stack([kd_loss(g(h), g(teacher), t, rows)
+                                                               for g in heads]).mean()
+        return loss
 
     @torch.no_grad()
     def _teacher_features(self, batch: pa.RecordBatch) -> torch.Tensor:

@@ -1,7 +1,14 @@
 """The adapter trainer role (NSR): a frozen encoder carrying NSR's active LoRA adapter and head, trained on raw batches
-(NSR learns inside the backbone, so it cannot work on cached features like the MARS trainers)."""
+(NSR learns inside the backbone, so it cannot work on cached features like the MARS trainers).
+
+Several trainers can learn as one, data-parallel (`join`): every worker takes the calls that change what is learned
+(REPLICATED), each learning its share of every step's rows with DDP all-reducing the gradients; worker 0 alone
+answers the rest (keys, evaluation, compression, its state stands for the group's)."""
 
 from __future__ import annotations
+
+import socket
+from datetime import timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +19,18 @@ from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
 from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
 from memcl_ops.nsr.task_bank import BankEntry
+
+# the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
+REPLICATED = frozenset({"begin_task", "train"})
+# how long a worker waits for the others at a rendezvous or an all-reduce before it fails (a worker died)
+GROUP_TIMEOUT = timedelta(seconds=60)
+
+
+def rendezvous_address(host: str) -> str:
+    """`host`:<a free port>, where worker 0 of a data-parallel group is reached."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"{host}:{s.getsockname()[1]}"
 
 
 class AdapterTrainer:
@@ -32,11 +51,24 @@ class AdapterTrainer:
             self.learner.adapters.remove()
         self.learner = AdapterLearner(self.encoder, config, n_way, seed)
         self.config = config
+        self.rank = 0
         self.tracker: RecoveryTracker | None = None
         self.compressed: Snapshot | None = None
         self.eval_batches: tuple[pa.RecordBatch, ...] = ()
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
         self.clock = StageClock()
+
+    def join(self, address: str, rank: int, world: int) -> None:
+        """Become worker `rank` of `world` trainers learning as one (after every reset): join their process group at
+        `address` (worker 0's `rendezvous_address`; gloo, NCCL on a GPU) and wrap the learner in DDP."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # the group of an earlier run, or of the workers before a fault
+            dist.destroy_process_group()
+        dist.init_process_group("nccl" if self.learner.device.type == "cuda" else "gloo",
+                                init_method=f"tcp://{address}", rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
+        self.rank = rank
+        self.learner.learn_data_parallel(rank, world)
 
     def info(self) -> dict:
         a = self.learner.adapters
@@ -55,7 +87,7 @@ class AdapterTrainer:
         with self.clock.time("begin_task"):
             self.learner.begin_task(classes, plan)
             self.tracker, self.eval_batches = None, eval_batches
-            if previous_best is not None:
+            if previous_best is not None and self.rank == 0:  # worker 0 reports the group's recovery
                 cfg = self.config
                 self.tracker = RecoveryTracker(previous_best, cfg.recovery_tolerance, cfg.recovery_max_steps)
                 self._track()

@@ -7,13 +7,14 @@ test at the end and benchmarks/nsr_recovery.py."""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from memcl.pipeline import runner
+from memcl.pipeline import checkpoint, runner
 from memcl.pipeline.config import ConfigError, dump_config, load_config
 from memcl_ops.arrow import schema as S
 from tests.killing import AIMS, kill_driver_at_checkpoint, killer, phase_killer
@@ -137,3 +138,44 @@ def test_pretrained_minilm_returning_tasks_are_back_at_once_with_the_bank(actors
     rec = metrics["recovery"]["returning_visits"]
     assert [r["steps"] for r in rec] == [0, 0, 0] and not any(r["censored"] for r in rec), rec
     assert min(e["acc_live"] for e in metrics["round_log"]) > 0.8
+
+
+def _final_adapter(metrics: dict, role: str = "adapter_trainer") -> dict[str, np.ndarray]:
+    parts, _ = checkpoint.read(Path(metrics["run_dir"]) / "checkpoints" / f"ckpt-{len(VISITS) - 1:06d}.npz")
+    return {k: v for k, v in parts[role].items() if k.startswith(("learner.lora.", "learner.head."))}
+
+
+@pytest.fixture(scope="module")
+def two_workers(actors, tmp_path_factory, tiny_bert):
+    """The same run with NSR's adapter trainer as two data-parallel workers (DDP over gloo)."""
+    cfg = config(tmp_path_factory.mktemp("dp"), f"hf:{tiny_bert}", **{"runtime.data_parallel": 2})
+    return runner.run(cfg, actors=actors).metrics
+
+
+def test_two_data_parallel_workers_learn_what_one_learns(bank_run, two_workers):
+    one, two = _final_adapter(bank_run), _final_adapter(two_workers)
+    assert one.keys() == two.keys() and len(one) > 2
+    # The same steps' mean gradients (tests/unit/test_nsr.py checks the shares' average exactly); the workers sum
+    # floats in another order, and Adam scales a near-zero gradient's noise up to a sizeable part of a step: the
+    # weights agree to a twentieth of one step (lr).
+    step = 5e-3
+    for key in one:
+        np.testing.assert_allclose(two[key], one[key], rtol=0, atol=step / 20, err_msg=key)
+    worker1 = _final_adapter(two_workers, "adapter_trainer1")
+    for key in two:  # DDP keeps the workers identical
+        np.testing.assert_array_equal(worker1[key], two[key], err_msg=key)
+    np.testing.assert_array_equal(np.array(two_workers["acc_matrix"], float), np.array(bank_run["acc_matrix"], float))
+    assert [e["arrival"] for e in two_workers["round_log"]] == [e["arrival"] for e in bank_run["round_log"]]
+    samples = two_workers["samples"]  # each row learned once by the group (by one worker's share)
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"]
+
+
+def test_a_data_parallel_worker_killed_mid_visit_replays_to_the_uninterrupted_run(actors, tmp_path, tiny_bert,
+                                                                                   two_workers):
+    hook, done = killer(actors, "adapter_trainer1", (4, 1), restart=True)
+    cfg = config(tmp_path, f"hf:{tiny_bert}", **{"runtime.data_parallel": 2})
+    metrics = runner.run(cfg, actors=actors, on_batch=hook).metrics
+    assert done and metrics["recoveries"] >= 1
+    assert_same_run(metrics, two_workers)
+    for key, value in _final_adapter(two_workers).items():
+        np.testing.assert_array_equal(_final_adapter(metrics)[key], value, err_msg=key)

@@ -9,7 +9,15 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.data.datasets import load_dataset
 from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
-from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, plan_arrival
+from memcl_ops.nsr.adapter import (
+    AdapterLearner,
+    ArrivalPlan,
+    DataParallel,
+    NSRConfig,
+    RecoveryTracker,
+    _Student,
+    plan_arrival,
+)
 from memcl_ops.nsr.task_bank import TaskKnowledgeBank
 
 CONFIG = NSRConfig(lr=5e-3, batch_size=8, probe_size=16)
@@ -139,3 +147,37 @@ def test_recovery_tracker_counts_steps_until_within_tolerance():
     instant = RecoveryTracker(previous_best=0.8, tolerance=0.01, max_steps=5)
     instant.record(0, 0.8)
     assert instant.recovered_at == 0
+
+
+def test_data_parallel_shares_average_to_the_whole_steps_gradient(encoder, bbc):
+    """What DDP averages over the workers (each worker's weighed share of a step's rows) is the gradient of the whole
+    step's mean loss, KD term included, for shares of unequal size and with more workers than rows."""
+    nsr = learner(encoder)
+    nsr.begin_task(TASKS[0], ArrivalPlan("fresh"))
+    nsr.train_batch(batch(bbc, 0, 16))
+    snap = nsr.snapshot()
+    nsr.begin_task(TASKS[0], ArrivalPlan("restore", {s: d.factors() for s, d in snap.deltas.items()}, snap.head,
+                                         [snap.head]))
+    nsr.train_batch(batch(bbc, 0, 8, offset=8))  # the student moves away from its teacher: the KD term is live
+    assert nsr.teacher is not None and CONFIG.kd_weight > 0
+    trainable = [*nsr.adapters.parameters(), *nsr.head.parameters()]
+
+    def gradient() -> list[torch.Tensor]:
+        for p in trainable:
+            p.grad = None
+        loss.backward()
+        return [p.grad.clone() for p in trainable]
+
+    step = batch(bbc, 0, 8, offset=16).slice(0, 7)
+    loss = nsr.loss(step)
+    whole = gradient()
+    for world in (2, 3, 9):  # shares of 4 and 3 rows; 3, 2, 2; seven of one row and two of none
+        total = [torch.zeros_like(g) for g in whole]
+        for rank in range(world):
+            nsr.parallel = DataParallel(rank, world, _Student(encoder, nsr.head))
+            loss = nsr.loss(step)
+            total = [t + g for t, g in zip(total, gradient(), strict=True)]
+        nsr.parallel = None
+        for averaged, expected in zip(total, whole, strict=True):
+            torch.testing.assert_close(averaged / world, expected, rtol=1e-4, atol=1e-7)
+    nsr.adapters.remove()
