@@ -39,6 +39,10 @@ def check_run(config: RunConfig) -> MethodSpec:
         check_source(config.data, config.stream)
     except (ValueError, DatasetUnavailable) as err:
         raise ConfigError(str(err)) from err
+    if config.runtime.data_parallel > 1 and spec.family != "nsr":
+        raise ConfigError(f"runtime.data_parallel: {spec.name} has no trainer that learns data-parallel (NSR's "
+                          "adapter trainer does: " + ", ".join(n for n, s in METHODS.items() if s.family == "nsr")
+                          + "); leave it at 1")
     if spec.family == "nsr":
         _check_nsr(spec, config)
     return spec

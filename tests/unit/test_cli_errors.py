@@ -56,6 +56,9 @@ CASES = {  # argv -> words the one line must contain
     "run --set stream.tasks": ["key=value"],
     "stress --tasks 10 --set method.nmae=x": ["nmae", "method.name"],
     "stress --tasks 10 --signals reference,bogus": ["signal", "'bogus'"],
+    "run --set runtime.data_parallel=2": ["runtime.data_parallel", "mars", "nsr-fresh"],
+    "run --set runtime.data_parallel=0": ["runtime.data_parallel", "1 or more"],
+    "run --set runtime.placement.encoder.num_gpus=1": ["runtime.placement", "'encoder'", "stage1"],
 }
 
 
