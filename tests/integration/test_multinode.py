@@ -1,4 +1,5 @@
-"""Encoder replicas spread over the nodes of a real multi-node Ray cluster give the single-node result."""
+"""On a real multi-node Ray cluster: encoder replicas spread over the nodes give the single-node result, and a node
+lost mid-run is replayed on the nodes left to the undisturbed result."""
 
 import json
 import os
@@ -9,17 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow  # three Ray nodes plus a single-node run: minutes on 2 cores
+pytestmark = pytest.mark.slow  # several Ray nodes and runs: minutes on 2 cores
+
+
+def cluster_script(name: str, tmp_path: Path) -> dict:
+    """Run tests/integration/`name` in a fresh process (a multi-node cluster cannot share the test session's Ray)
+    and return the JSON it prints last."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name(name)), str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_replicas_on_different_nodes_match_the_single_node_run(tmp_path):
-    script = Path(__file__).with_name("multinode.py")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "RAY_AUTH_MODE": "disabled"}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = cluster_script("multinode.py", tmp_path)
     nodes = [e["node"] for e in result["multi"]["encoders"]]
     assert len(nodes) == 2 and len(set(nodes)) == 2  # one replica per node
     assert set(nodes) <= set(result["worker_nodes"])  # on the nodes that offer memcl_encoder, not the head
@@ -29,13 +35,7 @@ def test_replicas_on_different_nodes_match_the_single_node_run(tmp_path):
 
 
 def test_a_worker_node_lost_mid_run_is_replayed_on_the_nodes_left(tmp_path):
-    script = Path(__file__).with_name("node_loss.py")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "RAY_AUTH_MODE": "disabled"}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = cluster_script("node_loss.py", tmp_path)
     before, after = result["undisturbed"], result["disturbed"]
     for role in ("source", "memory", "monitor", "stage1", "stage2"):  # the learners ran where they were placed
         assert after["placement"][role]["node"] == result["learner_node"], role
