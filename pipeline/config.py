@@ -91,10 +91,14 @@ class RuntimeConfig:
     placement: dict[str, Placement] = field(default_factory=dict)
     # workers of NSR's adapter trainer, learning as one (PyTorch DDP: each takes its share of every step's rows)
     data_parallel: int = 1
+    # copies of the frozen LM in `memcl lm`, extracting and answering side by side (placed as lm_encoder)
+    lm_replicas: int = 1
 
     def __post_init__(self) -> None:
         if self.data_parallel < 1:
             raise ConfigError(f"runtime.data_parallel: {self.data_parallel} workers; 1 or more")
+        if self.lm_replicas < 1:
+            raise ConfigError(f"runtime.lm_replicas: {self.lm_replicas} copies of the LM; 1 or more")
         if self.chaos_seconds < 0:
             raise ConfigError(f"runtime.chaos_seconds: {self.chaos_seconds} is below 0 (0 turns chaos mode off)")
         unknown = sorted(set(self.placement) - set(ROLES))

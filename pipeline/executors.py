@@ -50,6 +50,19 @@ class WorkerGroup:
         ray.get(pending)
 
 
+class ReplicaPool:
+    """Stateless replicas of one role addressed as one actor handle: each call goes to the next replica in turn.
+    `handles()` gives the replicas' current actors (they change when a replica is revived)."""
+
+    def __init__(self, handles: Callable[[], list[Handle]]):
+        self.handles, self.turn = handles, 0
+
+    def __getattr__(self, method: str) -> Any:
+        handles = self.handles()
+        self.turn += 1
+        return getattr(handles[(self.turn - 1) % len(handles)], method)
+
+
 class _FanOut:
     def __init__(self, handles: list[Handle], method: str, pending: list[ray.ObjectRef]):
         self.handles, self.method, self.pending = handles, method, pending

@@ -43,7 +43,7 @@ from memcl.pipeline import checkpoint, report
 from memcl.pipeline.actor_cache import FAULTS, ActorCache, failed_to_start
 from memcl.pipeline.config import ConfigError, Placement, RuntimeConfig, dump_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
-from memcl.pipeline.executors import ActorCalls
+from memcl.pipeline.executors import ActorCalls, ReplicaPool
 from memcl.pipeline.loop import PhaseHook, discard_unstarted, new_run_dir, stream
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
@@ -124,9 +124,13 @@ class LMContext:
         self.train = [[ray.put(b) for b in batches] for batches in train]
         self.test = [[ray.put(b) for b in batches] for batches in test]
         rt = config.runtime
-        actors.get("lm_encoder", LMEncoder, rt.actor_options("lm_encoder", Placement(num_cpus=1)), config.model,
-                   rt.actor_threads)
-        self.model = ray.get(self.encoder.info.remote())
+        # copies of the frozen LM: extraction and answers go to them in turn (stateless, so any copy gives the same)
+        self.replicas = [f"lm_encoder{'' if r == 0 else r}" for r in range(rt.lm_replicas)]
+        for replica in self.replicas:
+            actors.get(replica, LMEncoder, rt.actor_options("lm_encoder", Placement(num_cpus=1)), config.model,
+                       rt.actor_threads)
+        self.pool = ReplicaPool(lambda: [actors.handle(r) for r in self.replicas])
+        self.model = ray.get(actors.handle("lm_encoder").info.remote())
         self.extracted: dict[int, list[ray.ObjectRef]] = {}  # per task: (key, R_m) batches, computed once
         self.query_keys: dict[int, list[ray.ObjectRef]] = {}  # per task: the test prompts' keys (replay)
         self.base_answers: dict[int, tuple[float, float, list[dict]]] = {}  # per task: the frozen model's scores
@@ -135,14 +139,10 @@ class LMContext:
                                test_batches=[len(b) for b in self.test], num_samples=sum(len(t.train) for t in tasks),
                                labels=None, fingerprint="")
 
-    @property
-    def encoder(self) -> ray.actor.ActorHandle:
-        return self.actors.handle("lm_encoder")
-
     def extraction(self, task: int, index: int) -> ray.ObjectRef:
         refs = self.extracted.setdefault(task, [None] * len(self.train[task]))
         if refs[index] is None:
-            refs[index] = self.encoder.extract.remote(self.train[task][index])
+            refs[index] = self.pool.extract.remote(self.train[task][index])
         return refs[index]
 
     def forget_calls(self) -> None:
@@ -161,7 +161,7 @@ class LMPipeline:
         method = lm_method(spec.method)
         self.method = method.resolve_lm(cfg.method)  # with the settings the method fixes
         probe = LMFlow(ActorCalls(lambda role: None), method, self.method, spec.budget)
-        names = ["lm_encoder"]
+        names = list(ctx.replicas)
         stores = probe.stores(ctx.model["hidden"], ctx.model["vocab"])
         if stores:
             ctx.actors.get("memory", MemoryManager, rt.actor_options("memory"), stores, 1)
@@ -171,7 +171,8 @@ class LMPipeline:
                            cfg.seed, rt.actor_threads)
             names.append("lm_trainer")
         self.roles = Roles(ctx.actors, names)
-        self.flow = LMFlow(ActorCalls(self.roles.handle), method, self.method, spec.budget)
+        self.flow = LMFlow(ActorCalls(lambda role: ctx.pool if role == "lm_encoder" else self.roles.handle(role)),
+                           method, self.method, spec.budget)
         self.task_free = False  # one round per task
 
     def plan(self) -> list[RoundBatches]:
@@ -368,10 +369,12 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
             if not resumed and given_dir is None:
                 discard_unstarted(run_dir)
             raise
-        try:
-            encoder_busy = ray.get(ctx.encoder.timings.remote())
-        except FAULTS:  # killed as the last run ended (chaos mode): its busy time went with it
-            encoder_busy = {}
+        encoder_busy = {}
+        for replica in ctx.replicas:
+            try:
+                encoder_busy[replica] = ray.get(actors.handle(replica).timings.remote())
+            except FAULTS:  # killed as the last run ended (chaos mode): its busy time went with it
+                encoder_busy[replica] = {}
         predictions = [p for r in runs.values() for e in r.metrics["round_log"] for p in e["predictions"]]
         metrics = {
             "model": {**ctx.model, "spec": config.model.name}, "seed": config.seed,
@@ -380,7 +383,7 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
             "skipped": skipped,  # run name -> why it could not run
             "wall_seconds": {"total": time.perf_counter() - started, "extract": extract_seconds},
             # the frozen LM serves every run (its busy time is the whole command's); the others are per run
-            "actor_busy_seconds": {"lm_encoder": encoder_busy,
+            "actor_busy_seconds": {**encoder_busy,
                                    **{name: r.metrics["actor_busy_seconds"] for name, r in runs.items()}},
         }
         write_lm_run(run_dir, metrics, predictions)

@@ -178,3 +178,17 @@ def test_bad_run_configs_are_refused():
         run_specs(LMRunConfig(methods=("base", "rag")))
     with pytest.raises(ValueError, match="positive byte budgets"):
         run_specs(LMRunConfig(methods=("miita",), budgets=()))
+
+
+def test_two_lm_replicas_share_the_answering_and_give_the_same_answers(actors, tmp_path):
+    methods = ("base", "replay", "miita")
+    one = run(config(0.5, methods=methods, out=tmp_path / "one"), actors=actors).metrics
+    cfg = config(0.5, methods=methods, out=tmp_path / "two")
+    two = run(replace(cfg, runtime=replace(cfg.runtime, lm_replicas=2)), actors=actors).metrics
+    assert predictions(two) == predictions(one)
+    for name in one["runs"]:
+        np.testing.assert_array_equal(np.array(two["runs"][name]["nll_matrix"], float),
+                                      np.array(one["runs"][name]["nll_matrix"], float), err_msg=name)
+    busy = two["actor_busy_seconds"]  # each copy of the LM extracted and answered its turn
+    for replica in ("lm_encoder", "lm_encoder1"):
+        assert busy[replica]["generate"]["seconds"] > 0 and busy[replica]["extract"]["seconds"] > 0, busy

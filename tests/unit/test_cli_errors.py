@@ -59,6 +59,7 @@ CASES = {  # argv -> words the one line must contain
     "run --set runtime.data_parallel=2": ["runtime.data_parallel", "mars", "nsr-fresh"],
     "run --set runtime.data_parallel=0": ["runtime.data_parallel", "1 or more"],
     "run --set runtime.placement.encoder.num_gpus=1": ["runtime.placement", "'encoder'", "stage1"],
+    "lm --set runtime.lm_replicas=0": ["runtime.lm_replicas", "1 or more"],
 }
 
 
