@@ -15,7 +15,8 @@ bracketed by torch.cuda.synchronize()):
   architecture with random weights (the speed is the architecture's);
 * MARS's learner roles through the actor pipeline, each placed on a quarter of the GPU by `runtime.placement`:
   the device each role's process resolved and its throughput;
-* NSR: LoRA training steps (q/v of the ViT, a fresh adapter and head) through `build_learner("nsr", ...)`.
+* NSR: LoRA training steps (q/v of the ViT, a fresh adapter and head) through `build_learner("nsr", ...)`, and
+  through 1 and 2 data-parallel adapter-trainer actors sharing the GPU.
 
     python benchmarks/gpu_check.py           # full sizes on CUDA; tiny sizes when there is no CUDA
     python benchmarks/gpu_check.py --tiny    # tiny encoders, LM and sizes, a few iterations (the CPU check)
@@ -53,6 +54,7 @@ import pyarrow as pa
 import ray
 import torch
 
+from memcl.actors.adapter_trainer import AdapterTrainer
 from memcl.pipeline import auth, runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import EncoderPoolConfig, RunConfig, load_config
@@ -68,7 +70,7 @@ from memcl_ops.miita.answers import build_memory
 from memcl_ops.miita.directions import AdaptConfig, MemoryConfig, extract_directions
 from memcl_ops.models.causal_lm import SMOLLM2, CausalLM, LMSpec, LMUnavailable, byte_tokenizer, load_lm
 from memcl_ops.models.encoders import EncoderSpec, build_encoder
-from memcl_ops.nsr.adapter import NSRConfig
+from memcl_ops.nsr.adapter import ArrivalPlan, NSRConfig
 from memcl_ops.training import OptimConfig
 
 GROUPS = ("encoder", "mars", "roles", "lm", "nsr")
@@ -372,6 +374,45 @@ def nsr_row(sizes: Sizes, device: str) -> Row:
                seconds, sizes.repeats, f"LoRA r={config.nsr.lora.rank} on q/v + head, Adam; {sizes.nsr_steps} steps")
 
 
+def nsr_workers_rows(sizes: Sizes, device: str) -> list[Row]:
+    """NSR's adapter trainer as actors, 1 worker and 2 data-parallel workers sharing the one GPU (num_gpus 0.5 each;
+    DDP over gloo, since NCCL refuses two processes on one GPU): steps/s over the same global batches, and how far
+    the two workers' adapter ends from the one worker's."""
+    spec = EncoderSpec(f"open_clip:{sizes.clip}", micro_batch=sizes.nsr_batch, device=device)
+    nsr = NSRConfig(allocation="fresh", batch_size=sizes.nsr_batch, probe_size=1)
+    share = 0.5 if device.startswith("cuda") else 0.0
+    batch = ray.put(image_batch(sizes.nsr_batch * sizes.nsr_steps, sizes.raw_px))
+    rows, adapters = [], {}
+    actors = ActorCache()
+    try:
+        for workers in (1, 2):
+            handles = [actors.get(f"adapter_trainer{r}", AdapterTrainer,
+                                  {"num_cpus": 0.5, "num_gpus": share, "max_restarts": 0},
+                                  spec, S.IMAGE, nsr, 2, 0, sizes.threads) for r in range(workers)]
+            if workers > 1:
+                address = ray.get(handles[0].rendezvous.remote())
+                ray.get([h.join.remote(address, r, workers) for r, h in enumerate(handles)])
+
+            def run(handles=handles) -> float:
+                ray.get([h.begin_task.remote([0, 1], ArrivalPlan("fresh"), None) for h in handles])
+                ray.get([h.train.remote(batch) for h in handles])
+                return sizes.nsr_steps
+
+            per_s, seconds = measure(run, "cpu", sizes.warmup, sizes.repeats)  # a finished call has synchronised
+            adapters[workers] = ray.get(handles[0].state.remote())
+            variant = "1 worker (actor)" if workers == 1 else f"2 data-parallel workers, num_gpus {share} each"
+            note = f"{sizes.nsr_steps} steps of {sizes.nsr_batch} rows"
+            if workers > 1:
+                gap = max(float(np.abs(adapters[2][k] - adapters[1][k]).max()) for k in adapters[1]
+                          if k.startswith("learner.lora."))
+                note += f"; max abs adapter difference vs 1 worker {gap:.1e}"
+            rows.append(Row(f"NSR LoRA {sizes.clip.split('/')[-1]}", variant, device, sizes.nsr_batch, per_s,
+                            "steps/s", seconds, sizes.repeats, note))
+    finally:
+        actors.close()
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------ the table
 
 
@@ -388,13 +429,13 @@ def run_cases(sizes: Sizes, device: str, groups: tuple[str, ...] = GROUPS) -> li
     if "lm" in groups:
         rows += decode_rows(sizes, device)
     if "nsr" in groups:
-        rows.append(nsr_row(sizes, device))
+        rows += [nsr_row(sizes, device), *nsr_workers_rows(sizes, device)]
     return rows
 
 
 def expected_rows(device: str, groups: tuple[str, ...] = GROUPS) -> int:
     per_group = {"encoder": 6, "mars": 2 * (2 if device.startswith("cuda") else 1), "roles": len(PLACED_ROLES),
-                 "lm": 2, "nsr": 1}
+                 "lm": 2, "nsr": 3}
     return sum(per_group[g] for g in groups)
 
 

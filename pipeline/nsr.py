@@ -52,6 +52,7 @@ class NSRPipeline:
                               f"or more; {info.name} gives tasks of {[len(c) for c in info.task_classes]} classes")
         # the adapter trains inside the encoder: by default each worker reserves what an encoder replica would
         options = rt.actor_options("adapter_trainer", Placement(enc.num_cpus, gpus, dict(enc.resources)))
+        self.whole_gpus = options["num_gpus"] >= 1  # each worker a GPU of its own: NCCL can all-reduce
         self.workers = [f"adapter_trainer{'' if r == 0 else r}" for r in range(rt.data_parallel)]
         for worker in self.workers:
             actors.get(worker, AdapterTrainer, options, enc.spec, info.payload, self.nsr, n_way, config.seed,
@@ -78,7 +79,7 @@ class NSRPipeline:
             return
         handles = [self.roles.handle(w) for w in self.workers]
         address = ray.get(handles[0].rendezvous.remote())
-        ray.get([h.join.remote(address, rank, len(handles)) for rank, h in enumerate(handles)])
+        ray.get([h.join.remote(address, rank, len(handles), self.whole_gpus) for rank, h in enumerate(handles)])
 
     def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
         if role in ("source", "memory"):

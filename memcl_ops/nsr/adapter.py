@@ -208,7 +208,8 @@ class AdapterLearner:
         frozen = [n for n, p in student.named_parameters() if not p.requires_grad]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             student, frozen + [n for n, _ in student.named_buffers()])
-        self.parallel = DataParallel(rank, world, DistributedDataParallel(student))
+        # an encoder may carry LoRA sites its features never pass through (open_clip's text tower under an image)
+        self.parallel = DataParallel(rank, world, DistributedDataParallel(student, find_unused_parameters=True))
 
     @torch.no_grad()
     def _reset_head(self) -> None:

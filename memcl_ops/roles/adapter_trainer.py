@@ -58,15 +58,18 @@ class AdapterTrainer:
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
         self.clock = StageClock()
 
-    def join(self, address: str, rank: int, world: int) -> None:
+    def join(self, address: str, rank: int, world: int, whole_gpus: bool = False) -> None:
         """Become worker `rank` of `world` trainers learning as one (after every reset): join their process group at
-        `address` (worker 0's `rendezvous_address`; gloo, NCCL on a GPU) and wrap the learner in DDP."""
+        `address` (worker 0's `rendezvous_address`) and wrap the learner in DDP. The group all-reduces over NCCL when
+        every worker has a GPU of its own (`whole_gpus`), else over gloo (CPUs, or workers sharing a GPU, which NCCL
+        refuses)."""
         import torch.distributed as dist
 
         if dist.is_initialized():  # the group of an earlier run, or of the workers before a fault
             dist.destroy_process_group()
-        dist.init_process_group("nccl" if self.learner.device.type == "cuda" else "gloo",
-                                init_method=f"tcp://{address}", rank=rank, world_size=world, timeout=GROUP_TIMEOUT)
+        backend = "nccl" if whole_gpus and self.learner.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world,
+                                timeout=GROUP_TIMEOUT)
         self.rank = rank
         self.learner.learn_data_parallel(rank, world)
 

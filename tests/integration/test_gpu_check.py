@@ -29,7 +29,7 @@ def gpu_check():
 def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, one_torch_thread, tmp_path):
     rows = gpu_check.run_cases(gpu_check.tiny_sizes(tmp_path), "cpu")
 
-    assert len(rows) == gpu_check.expected_rows("cpu") == 15
+    assert len(rows) == gpu_check.expected_rows("cpu") == 17
     for row in rows:
         assert math.isfinite(row.per_s) and row.per_s > 0, row
         assert row.seconds > 0 and row.repeats >= 1, row
@@ -37,6 +37,8 @@ def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, on
     variants = [(r.case, r.variant) for r in rows if r.case.startswith("encoder")]
     assert len(set(variants)) == 6  # 2 encoders x (in-process, 1 actor, 2 replicas)
     assert {r.variant for r in rows if r.case == "MARS learner"} == {"observe", "consolidate"}
+    nsr = [r.variant for r in rows if r.case.startswith("NSR LoRA")]
+    assert nsr == ["train steps", "1 worker (actor)", "2 data-parallel workers, num_gpus 0.0 each"]
     placed = [r for r in rows if r.case == "MARS pipeline"]  # each role's device as its own process resolved it
     assert [r.variant for r in placed] == [f"{role} (num_gpus 0.0)" for role in ("memory", "monitor", "stage1",
                                                                                  "stage2")]
