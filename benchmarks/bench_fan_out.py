@@ -1,9 +1,9 @@
 """`memcl bench` fanned out over a 2-node local Ray cluster beside the sequential bench on the same cluster.
 
 Starts a `ray.cluster_utils.Cluster` (a head and one worker node, `--cpus` CPUs each), runs `bench SUITE` once
-sequentially (one run after another, shared actors) and once with `fan_out=1` (each (method, seed) run a Ray task
-of one CPU, spread over both nodes), then says whether the tables are the same (every column but the train seconds,
-which are timings) and prints both wall times and their ratio.
+sequentially (one run after another, shared actors) and once with `fan_out=1` (bench workers of one CPU each,
+spread over both nodes, each taking the next (method, seed) run), then says whether the tables are the same (every
+column but the train seconds, which are timings) and prints both wall times and their ratio.
 
     python benchmarks/bench_fan_out.py synthetic-drift --seeds 3 --methods mars,derpp,simplecil,analytic,ewc
 """

@@ -85,9 +85,9 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
     """Run every method of suite `name` for seeds 0..seeds-1; rewrites the result files after each run so an
     interrupted bench keeps what it finished. Returns one row per run, in (method, seed) order.
 
-    `fan_out`: run the (method, seed) runs side by side as Ray tasks over the cluster, each reserving this many CPUs
-    and starting its own actors (0: one after another in this process, sharing `actors`). Each run is seeded and
-    deterministic, so both give the same rows."""
+    `fan_out`: run the (method, seed) runs side by side over the cluster, on as many bench workers as its CPUs hold
+    at this many CPUs each, every worker reusing its own actors from run to run (0: one after another in this
+    process, sharing `actors`). Each run is seeded and deterministic, so both give the same rows."""
     chosen = suite(name)
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
@@ -127,19 +127,31 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
 
 
 def _fanned_out(runs: list[RunConfig], cpus: float):
-    """The metrics of each run, as each finishes, the runs going side by side as Ray tasks (a task whose node is
-    lost is retried by Ray elsewhere: a run is deterministic, so its retry gives the same result)."""
+    """The metrics of each run as each finishes, the runs going side by side on bench workers: actors of `cpus`
+    CPUs each, as many as the cluster's CPUs hold (at most one per run), each taking the next run when it is done
+    with one. A worker whose process or node is lost is restarted and its run retried by Ray (a run is
+    deterministic, so the retry gives the same result)."""
     import ray
+    from ray.util import ActorPool
 
-    remote = ray.remote(_run_metrics).options(num_cpus=cpus, max_retries=2)
-    pending = [remote.remote(run) for run in runs]
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        yield ray.get(done[0])
+    count = max(min(int(ray.cluster_resources().get("CPU", 1) // cpus), len(runs)), 1)
+    worker = ray.remote(BenchWorker).options(num_cpus=cpus, max_restarts=1, max_task_retries=1)
+    workers = [worker.remote() for _ in range(count)]
+    try:
+        yield from ActorPool(workers).map_unordered(lambda w, run: w.run.remote(run), runs)
+    finally:
+        for w in workers:  # the actors each worker started go with it
+            ray.kill(w)
 
 
-def _run_metrics(config: RunConfig) -> dict:
-    return runner.run(config).metrics
+class BenchWorker:
+    """Runs bench runs one after another on actors of its own, reset between runs rather than started again."""
+
+    def __init__(self):
+        self.actors = ActorCache()
+
+    def run(self, config: RunConfig) -> dict:
+        return runner.run(config, actors=self.actors).metrics
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:

@@ -336,8 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--address", help="join a Ray cluster ('auto' or host:port) instead of starting Ray in-process")
     ben.add_argument("--progress", action="store_true", help="show each run's progress bars")
     ben.add_argument("--fan-out", type=float, nargs="?", const=1.0, default=0.0, metavar="CPUS",
-                     help="run the (method, seed) runs side by side as Ray tasks over the cluster (--address), each "
-                          "reserving CPUS (default 1); the tables are the sequential bench's")
+                     help="run the (method, seed) runs side by side over the cluster (--address), on bench workers "
+                          "of CPUS each (default 1); the tables are the sequential bench's")
     ben.add_argument("--render", action="store_true", help="re-write the tables and plot from <out>/<suite>/runs.csv")
     ben.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value of the suite")
     ben.set_defaults(func=cmd_bench)
