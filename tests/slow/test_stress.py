@@ -55,7 +55,9 @@ def test_paper_signal_keeps_the_bound(paper_run):
 
 
 def test_chaos_mode_survives_its_kills_and_ends_with_the_fault_free_result(tmp_path):
-    fault_free, chaos = compare(300, False, {"runtime.out": str(tmp_path)}, ["reference"], chaos=3)
+    # a kill every 5 s: slower than a revival and its replayed round here (kills every 3 s land in most replays, and
+    # six faults in a row stop the run by design: benchmarks/RESULTS.md, "Chaos mode")
+    fault_free, chaos = compare(300, False, {"runtime.out": str(tmp_path)}, ["reference"], chaos=5)
     assert "same_as_fault_free" not in fault_free and fault_free["kills"] == 0
     assert chaos["kills"] >= 5 and chaos["recoveries"] >= 1, chaos
     assert chaos["same_as_fault_free"] and chaos["slots"]["holds"]
