@@ -47,12 +47,19 @@ def has_token() -> bool:
 def ensure_local_token() -> None:
     """A token for an in-process Ray where none is set: a new random one in `~/.ray/auth_token`, created readable by
     this user only (Ray would create it with the umask's permissions)."""
+    named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if named and not os.environ.get("RAY_AUTH_TOKEN") and not Path(named).is_file():
+        raise ConfigError(f"RAY_AUTH_TOKEN_PATH={named}: no such file (the file holding Ray's token; unset it and "
+                          "memcl makes one in ~/.ray/auth_token)")
     if has_token():
         return
     path = default_token_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(secrets.token_hex(32))
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+    except FileExistsError:  # another memcl made it meanwhile: that token serves
+        pass
 
 
 def refusal(err: BaseException, address: str) -> ConfigError | None:

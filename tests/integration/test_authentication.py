@@ -73,3 +73,10 @@ def test_memcl_starts_its_own_ray_with_a_token_only_its_owner_can_read(tmp_path)
     assert len(token.read_text()) == 64
     assert stat.S_IMODE(token.stat().st_mode) == 0o600  # Ray itself would have written it with the umask's 0o644
     assert "Token authentication" not in done.stderr  # Ray's notice that it chose the mode itself: memcl chose it
+
+
+def test_a_token_path_that_names_no_file_is_one_line(tmp_path):
+    missing = tmp_path / "no-token"
+    done = _memcl(_env(tmp_path / "home", RAY_AUTH_TOKEN_PATH=str(missing)), "run", "--out", str(tmp_path), *TINY)
+    assert done.returncode == 2 and f"RAY_AUTH_TOKEN_PATH={missing}: no such file" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "home" / ".ray").exists()
