@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memcl_ops.analytic.ridge import AnalyticConfig
-from memcl_ops.baselines.heads import DERppConfig, EWCConfig
+from memcl_ops.baselines.heads import DERppConfig, EWCConfig, SLDAConfig
 from memcl_ops.baselines.lm_finetune import FinetuneConfig
 from memcl_ops.baselines.text_replay import ReplayConfig
 from memcl_ops.head_training import Stage2Config
@@ -30,6 +30,7 @@ class MethodConfig:
     stage2: Stage2Config = Stage2Config()
     ewc: EWCConfig = EWCConfig()
     derpp: DERppConfig = DERppConfig()
+    slda: SLDAConfig = SLDAConfig()
     nsr: NSRConfig = NSRConfig()
     analytic: AnalyticConfig = AnalyticConfig()
     consolidate_every: int = 8  # task-free mode: run stage 1 + 2 every K batches

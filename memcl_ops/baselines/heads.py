@@ -6,6 +6,8 @@
 | ewc | `EWCHead`: online EWC (Schwarz et al. 2018) on the linear head | diagonal Fisher and anchor parameters |
 | derpp | `DERppHead`: DER++ (Buzzega et al. 2020) | a reservoir buffer of features, logits, labels |
 | simplecil | `NearestMeanHead`: SimpleCIL (Zhou et al. 2023), cosine nearest class mean | class feature sums, counts |
+| slda | `StreamingLDAHead`: Streaming LDA (Hayes and Kanan 2020), one shared covariance | class sums, counts, Σ h hᵀ |
+| ncm | `StreamingLDAHead` without a covariance: Euclidean nearest class mean | class feature sums, counts |
 | joint | `JointHead`: the non-continual upper bound | every feature and label seen so far |
 
 The trained ones use the classifier, loop and CE objective of DCDA stage 2 (`train_stage2`, head_training.py),
@@ -328,6 +330,84 @@ class NearestMeanHead:
 
     def memory_bytes(self) -> dict[str, int]:
         return {"class_means": self.classes.nbytes + self.sums.nbytes + self.counts.nbytes}
+
+
+@dataclass(frozen=True)
+class SLDAConfig:
+    shrinkage: float = 1e-4  # Σ ← (1 − ε) Σ + ε I before it is inverted (Hayes and Kanan's default)
+
+
+class StreamingLDAHead:
+    """Streaming LDA (Hayes and Kanan 2020): a mean per class and one covariance shared by every class; a row goes
+    to the class c maximising h·Λμ_c − ½ μ_c·Λμ_c, Λ = ((1 − ε) Σ + ε I)⁻¹. Σ is the pooled within-class covariance
+    of everything seen, kept as exact sums (per class: rows, feature sums; overall: the second moment Σ h hᵀ) in
+    float64, so the streaming head is the batch solution on the same rows, whatever the order or cutting of the
+    stream. (Avalanche's and CapyMOA's SLDA update Σ with a running estimate around the class means as they were
+    when each row arrived; the sums here are that estimate without its approximation.) `covariance=False`: the
+    Euclidean nearest class mean (Σ = I)."""
+
+    def __init__(self, feature_dim: int, config: SLDAConfig = SLDAConfig(), covariance: bool = True):
+        self.feature_dim, self.config, self.covariance = feature_dim, config, covariance
+        self.classes = np.zeros(0, np.int64)
+        self.sums = np.zeros((0, feature_dim), np.float64)
+        self.counts = np.zeros(0, np.int64)
+        self.second_moment = np.zeros((feature_dim, feature_dim) if covariance else (0, 0), np.float64)
+
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        with torch.no_grad():
+            h = apply_memory(memory, features).double().numpy()
+        y = labels.numpy()
+        new = np.setdiff1d(np.unique(y), self.classes)
+        if len(new):
+            self.classes = np.concatenate([self.classes, new])
+            self.sums = np.concatenate([self.sums, np.zeros((len(new), self.feature_dim))])
+            self.counts = np.concatenate([self.counts, np.zeros(len(new), np.int64)])
+        index = {int(c): i for i, c in enumerate(self.classes)}
+        rows = np.array([index[int(c)] for c in y], np.int64)
+        np.add.at(self.sums, rows, h)
+        np.add.at(self.counts, rows, 1)
+        if self.covariance:
+            self.second_moment += h.T @ h
+        return {}
+
+    def end_task(self, memory: FeatureMemory | None) -> None:
+        """Nothing: the statistics are always up to date."""
+
+    def solution(self) -> tuple[np.ndarray, np.ndarray]:
+        """(W, b): a row h scores h·W[c] + b[c] for class c (the classes in `self.classes` order)."""
+        means = self.sums / self.counts[:, None]
+        if not self.covariance:  # argmin ‖h − μ‖² = argmax h·μ − ½ ‖μ‖²
+            return means, -0.5 * np.einsum("cd,cd->c", means, means)
+        n = int(self.counts.sum())
+        within = self.second_moment - (self.sums.T / self.counts) @ self.sums  # Σ h hᵀ − Σ_c n_c μ_c μ_cᵀ
+        sigma = within / max(n - len(self.classes), 1)  # unbiased where rows outnumber classes
+        eps = self.config.shrinkage
+        weights = np.linalg.solve((1 - eps) * sigma + eps * np.eye(self.feature_dim), means.T).T  # Λ μ_c
+        return weights, -0.5 * np.einsum("cd,cd->c", means, weights)
+
+    @torch.no_grad()
+    def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
+        h = apply_memory(memory, features).double().numpy()
+        if not len(self.classes):
+            return np.full(h.shape[0], -1, dtype=np.int64)
+        weights, bias = self.solution()
+        return self.classes[(h @ weights.T + bias).argmax(axis=1)]
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"classes": self.classes.copy(), "sums": self.sums.copy(), "counts": self.counts.copy(),
+                "second_moment": self.second_moment.copy()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.classes = np.array(state["classes"], np.int64)
+        self.sums = np.array(state["sums"], np.float64)
+        self.counts = np.array(state["counts"], np.int64)
+        self.second_moment = np.array(state["second_moment"], np.float64)
+
+    def memory_bytes(self) -> dict[str, int]:
+        out = {"class_means": self.classes.nbytes + self.sums.nbytes + self.counts.nbytes}
+        if self.covariance:
+            out["covariance"] = self.second_moment.nbytes
+        return out
 
 
 class JointHead(_TrainedLinearHead):

@@ -4,7 +4,7 @@ they train), and the LM family's frozen base, text replay and sequential LoRA. F
 
 from __future__ import annotations
 
-from memcl_ops.baselines.heads import DERppHead, EWCHead, JointHead, NearestMeanHead
+from memcl_ops.baselines.heads import DERppHead, EWCHead, JointHead, NearestMeanHead, StreamingLDAHead
 from memcl_ops.head_training import NO_DISTILL, NO_OLD_CLASS_TERMS
 from memcl_ops.spec import HeadFactory, MethodSpec
 
@@ -12,6 +12,8 @@ HEADS: dict[str, HeadFactory] = {
     "ewc": lambda dim, cfg, seed: EWCHead(dim, cfg.stage2, cfg.ewc, seed),
     "derpp": lambda dim, cfg, seed: DERppHead(dim, cfg.stage2, cfg.derpp, seed),
     "nearest-mean": lambda dim, cfg, seed: NearestMeanHead(dim),
+    "slda": lambda dim, cfg, seed: StreamingLDAHead(dim, cfg.slda),
+    "euclidean-mean": lambda dim, cfg, seed: StreamingLDAHead(dim, cfg.slda, covariance=False),
     "joint": lambda dim, cfg, seed: JointHead(dim, cfg.stage2, seed),
 }
 
@@ -24,6 +26,10 @@ FEATURE_METHODS = [
     MethodSpec("derpp", "DER++: CE + logit and label replay from a reservoir buffer of features", head="derpp",
                uses_labels_of="seen", role="baseline"),
     MethodSpec("simplecil", "SimpleCIL: cosine nearest class mean, no training", head="nearest-mean", role="baseline"),
+    MethodSpec("slda", "Streaming LDA: class means and one shared covariance, exact streaming sums, no training",
+               head="slda", role="baseline"),
+    MethodSpec("ncm", "Euclidean nearest class mean (CapyMOA's NCM), no training", head="euclidean-mean",
+               role="baseline"),
     MethodSpec("joint", "joint training on all data seen so far (non-continual upper bound)", head="joint",
                uses_labels_of="seen", role="upper-bound"),
 ]

@@ -16,6 +16,7 @@ from memcl_ops.baselines.heads import (
     JointHead,
     NearestMeanHead,
     ReservoirBuffer,
+    StreamingLDAHead,
     linear_head_fisher,
 )
 from memcl_ops.head_training import Stage2Config
@@ -187,3 +188,52 @@ def test_joint_does_not_forget_where_finetuning_does():
 def test_bad_knobs_are_refused_by_name(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def _lda_stream(seed: int, rows: int = 600, dim: int = 6):
+    """Three classes whose means differ along directions of little noise, beside one axis of large noise that hides
+    them from a Euclidean distance."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, rows)
+    means = rng.normal(0.0, 1.0, (3, dim)) * np.array([0.6] * (dim - 1) + [0.0])
+    mix = np.linalg.qr(rng.normal(size=(dim, dim)))[0]
+    noise = rng.normal(size=(rows, dim)) * np.array([0.3] * (dim - 1) + [6.0])
+    x = (means[y] + noise) @ mix.T
+    return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y + 10)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_streaming_lda_is_its_batch_solution_whatever_the_order_and_cutting(seed):
+    x, y = _lda_stream(seed)
+    order = np.random.default_rng(seed).permutation(len(y))
+    streamed = StreamingLDAHead(x.shape[1])
+    for block in np.array_split(order, 7):  # another order, seven uneven blocks
+        streamed.fit(x[block], y[block], None)
+    # the batch solution, computed independently: class means, the pooled within-class covariance, shrinkage
+    h, labels = x.double().numpy(), y.numpy()
+    classes = np.unique(labels)
+    means = np.stack([h[labels == c].mean(0) for c in classes])
+    centred = h - means[np.searchsorted(classes, labels)]
+    sigma = centred.T @ centred / (len(h) - len(classes))
+    eps = streamed.config.shrinkage
+    weights = means @ np.linalg.inv((1 - eps) * sigma + eps * np.eye(h.shape[1]))
+    bias = -0.5 * np.einsum("cd,cd->c", weights, means)
+    order_of = np.argsort(streamed.classes)
+    got_w, got_b = streamed.solution()
+    np.testing.assert_allclose(got_w[order_of], weights, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(got_b[order_of], bias, rtol=1e-8, atol=1e-10)
+    expected = classes[(h @ weights.T + bias).argmax(1)]
+    np.testing.assert_array_equal(streamed.predict(x, None), expected)
+
+
+def test_the_shared_covariance_finds_what_a_euclidean_nearest_mean_misses():
+    lda, euclid = [], []
+    for seed in range(10):
+        x, y = _lda_stream(seed, rows=1200)
+        train, test = slice(0, 900), slice(900, None)
+        for head, scores in ((StreamingLDAHead(x.shape[1]), lda),
+                             (StreamingLDAHead(x.shape[1], covariance=False), euclid)):
+            head.fit(x[train], y[train], None)
+            scores.append(float((head.predict(x[test], None) == y[test].numpy()).mean()))
+    assert all(a >= b for a, b in zip(lda, euclid, strict=True)), (lda, euclid)
+    assert np.mean(lda) - np.mean(euclid) > 0.15, (lda, euclid)
