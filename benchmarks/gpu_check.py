@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             # batches are a few MB: a small object store, whatever /dev/shm the machine has.
             if auth.token_on():
                 auth.ensure_local_token()
-            ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False,
                      logging_level="ERROR", object_store_memory=2**30)
         try:
             gpu = torch.cuda.get_device_name() if device == "cuda" else "none"

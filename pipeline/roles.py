@@ -49,7 +49,10 @@ def ensure_ray(config) -> None:
     else:
         if tokens:
             auth.ensure_local_token()
-        ray.init(num_cpus=rt.num_cpus, include_dashboard=False, object_store_memory=rt.object_store_mb * 2**20,
+        # "local": a Ray of its own, never whichever cluster was started last on this machine (plain ray.init joins
+        # the one /tmp/ray/ray_current_cluster names: a stale address, or someone else's cluster)
+        ray.init(address="local", num_cpus=rt.num_cpus, include_dashboard=False,
+                 object_store_memory=rt.object_store_mb * 2**20,
                  logging_level=logging.WARNING, log_to_driver=False)
 
 

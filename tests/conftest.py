@@ -13,7 +13,8 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20, logging_level="ERROR")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
+                 logging_level="ERROR")
     yield ray
     ray.shutdown()
 

@@ -29,7 +29,7 @@ worker_nodes = {w.node_id for w in workers.values()}
 ray.shutdown()
 cluster.shutdown()
 
-ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
 single = runner.run(load_config(overrides={**COMMON, "encoder.replicas": 1})).metrics
 ray.shutdown()
 print(json.dumps({"multi": {k: multi[k] for k in ("acc_matrix", "encoders", "samples")},

@@ -61,6 +61,11 @@ def test_a_token_cluster_refuses_clients_without_its_token_and_runs_memcl_with_i
                         "--out", out, *TINY)
         assert joined.returncode == 0, joined.stderr[-3000:]
         assert "A_last" in joined.stdout
+
+        # without --address memcl starts a Ray of its own: it never joins the cluster started last on the machine
+        # (a plain ray.init would join this one, named in /tmp/ray/ray_current_cluster, and be refused)
+        own = _memcl(_env(tmp_path / "own"), "run", "--out", str(tmp_path / "own-runs"), *TINY)
+        assert own.returncode == 0 and "A_last" in own.stdout, own.stderr[-3000:]
     finally:
         head.communicate(input="", timeout=120)
 
