@@ -13,7 +13,8 @@ NORM_EPS = 1e-8
 
 def resolve_device(name: str) -> torch.device:
     """`name` as a torch device; "auto": the first GPU this process sees, else the CPU. Ray makes visible to an
-    actor exactly the GPUs it assigned it (CUDA_VISIBLE_DEVICES), so in an actor "auto" is the placement's device."""
+    actor that reserved GPUs exactly those (CUDA_VISIBLE_DEVICES); one that reserved none sees every GPU, so the
+    pipeline asks for "auto" only for a role placed on a GPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)

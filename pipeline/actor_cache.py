@@ -126,8 +126,7 @@ class ActorCache:
         return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_pid) for r in roles])))
 
     def placement(self, roles: list[str]) -> dict[str, dict]:
-        """Per role: the node its actor runs on, the Ray resources assigned to it, the device "auto" resolves to in
-        its process (a GPU only where Ray assigned one)."""
+        """Per role: the node its actor runs on, the Ray resources and GPU ids assigned to it, and so its device."""
         return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_placement) for r in roles])))
 
     def close(self) -> None:
@@ -145,8 +144,7 @@ def _pid(actor) -> int:  # run in an actor by `__ray_call__`, which passes the a
 
 
 def _placement(actor) -> dict:  # run in an actor by `__ray_call__`
-    from memcl_ops.tensors import resolve_device
-
     context = ray.get_runtime_context()
+    gpus = context.get_accelerator_ids().get("GPU", [])
     return {"node": context.get_node_id(), "resources": context.get_assigned_resources(),
-            "device": str(resolve_device("auto"))}
+            "gpus": list(gpus), "device": "cuda" if gpus else "cpu"}

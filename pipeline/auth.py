@@ -55,11 +55,15 @@ def ensure_local_token() -> None:
         return
     path = default_token_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    with os.fdopen(os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(secrets.token_hex(32))
     try:
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-            f.write(secrets.token_hex(32))
-    except FileExistsError:  # another memcl made it meanwhile: that token serves
+        os.link(draft, path)  # whole or not at all; never over a token another memcl made meanwhile
+    except FileExistsError:
         pass
+    finally:
+        draft.unlink()
 
 
 def refusal(err: BaseException, address: str) -> ConfigError | None:
@@ -72,8 +76,9 @@ def refusal(err: BaseException, address: str) -> ConfigError | None:
     text = " ".join(f"{type(e).__name__} {e}" for e in chain)
     if "AuthenticationError" not in text and "InvalidAuthToken" not in text:
         return None
-    where = os.environ.get("RAY_AUTH_TOKEN_PATH") or ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN")
-                                                      else str(default_token_path()))
+    # Ray reads RAY_AUTH_TOKEN first, then the file RAY_AUTH_TOKEN_PATH names, then its default path
+    where = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN")
+             else os.environ.get("RAY_AUTH_TOKEN_PATH") or str(default_token_path()))
     what = "refused the token from" if has_token() else "needs its token, and none was found in"
     return ConfigError(f"the Ray cluster at {address} {what} {where}: copy the cluster's token into a file "
                        "readable by you only and set RAY_AUTH_TOKEN_PATH to it (docs/guide.md, 'Running on a cluster')")

@@ -25,9 +25,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from memcl.pipeline import runner
+from memcl.pipeline import preflight, runner
 from memcl.pipeline.actor_cache import ActorCache
-from memcl.pipeline.config import RunConfig, load_config
+from memcl.pipeline.config import ConfigError, RunConfig, load_config
 from memcl.pipeline.features import encode_stream
 from memcl.pipeline.report import accuracy_axis
 from memcl.pipeline.suites import Suite, suite
@@ -112,7 +112,12 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
         runs = [replace(config, seed=seed, method=replace(config.method, name=method))
                 for method in names for seed in range(seeds)]
         started = time.perf_counter()
-        for metrics in (_fanned_out(runs, fan_out) if fan_out else
+        if fan_out and own:
+            actors.close()  # the encoders that filled the cache hold CPUs the bench workers' runs need
+        # a run of raw rows starts its own encoder replicas beside its bench worker
+        raw = preflight.payload_of(config) != "features"
+        encoders = config.encoder.replicas * config.encoder.num_cpus if raw else 0.0
+        for metrics in (_fanned_out(runs, fan_out, encoders) if fan_out else
                         (runner.run(run, actors=actors).metrics for run in runs)):
             rows.append(RunRow.of(metrics))
             rows.sort(key=lambda r: (names.index(r.method), r.seed))
@@ -126,15 +131,20 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
     return rows
 
 
-def _fanned_out(runs: list[RunConfig], cpus: float):
+def _fanned_out(runs: list[RunConfig], cpus: float, encoders: float):
     """The metrics of each run as each finishes, the runs going side by side on bench workers: actors of `cpus`
-    CPUs each, as many as the cluster's CPUs hold (at most one per run), each taking the next run when it is done
-    with one. A worker whose process or node is lost is restarted and its run retried by Ray (a run is
-    deterministic, so the retry gives the same result)."""
+    CPUs each, as many as the cluster's free CPUs hold beside the `encoders` CPUs each run's encoder replicas
+    reserve (at most one per run), each taking the next run when it is done with one. A worker whose process or
+    node is lost is restarted and its run retried by Ray (a run is deterministic, so the retry gives the same
+    result)."""
     import ray
     from ray.util import ActorPool
 
-    count = max(min(int(ray.cluster_resources().get("CPU", 1) // cpus), len(runs)), 1)
+    free = ray.available_resources().get("CPU", 0.0)
+    if free < cpus + encoders:
+        raise ConfigError(f"--fan-out {cpus}: a run needs {cpus + encoders:g} CPUs (its bench worker and its encoders) "
+                          f"and the cluster has {free:g} free; run without --fan-out or add nodes")
+    count = min(int(free // (cpus + encoders)), len(runs))
     worker = ray.remote(BenchWorker).options(num_cpus=cpus, max_restarts=1, max_task_retries=1)
     workers = [worker.remote() for _ in range(count)]
     try:

@@ -47,14 +47,26 @@ ROLES = ("source", "memory", "monitor", "stage1", "stage2", "adapter_trainer", "
 @dataclass(frozen=True)
 class Placement:
     """What one role's actor reserves from Ray, so where it runs: a role given a GPU (or a share of one) computes on
-    it; custom resources pin it to the nodes that offer them."""
+    it; custom resources pin it to the nodes that offer them. A value left out (None) keeps the role's default."""
 
-    num_cpus: float = 0.0
-    num_gpus: float = 0.0
-    resources: dict[str, float] = field(default_factory=dict)
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    resources: dict[str, float] | None = None
 
-    def options(self) -> dict[str, Any]:
-        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": dict(self.resources)}
+    def __post_init__(self) -> None:
+        for name in ("num_cpus", "num_gpus"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"runtime.placement: {name} {value} is below 0")
+        if self.num_gpus is not None and self.num_gpus > 1 and self.num_gpus != int(self.num_gpus):
+            raise ConfigError(f"runtime.placement: num_gpus {self.num_gpus}: a share (at most 1) or whole GPUs")
+
+    def options(self, default: Placement | None = None) -> dict[str, Any]:
+        """Ray's options: this placement's values over `default`'s, and nothing reserved where neither gives one."""
+        base = default or Placement()
+        pick = lambda name: getattr(self, name) if getattr(self, name) is not None else getattr(base, name)  # noqa: E731
+        return {"num_cpus": pick("num_cpus") or 0.0, "num_gpus": pick("num_gpus") or 0.0,
+                "resources": dict(pick("resources") or {})}
 
 
 @dataclass(frozen=True)
@@ -107,8 +119,13 @@ class RuntimeConfig:
                               "(encoder replicas are placed by the encoder section)")
 
     def actor_options(self, role: str, default: Placement = Placement()) -> dict[str, Any]:
-        """Ray options of `role`'s actor: its placement (or `default`) and the restarts of every actor."""
-        return {**self.placement.get(role, default).options(), "max_restarts": self.max_restarts}
+        """Ray options of `role`'s actor: its placement over the role's `default`, and the restarts of every actor."""
+        return {**self.placement.get(role, Placement()).options(default), "max_restarts": self.max_restarts}
+
+    def device(self, role: str) -> str:
+        """Where `role` computes: "auto" (the GPU Ray assigned it) when its placement asks for a GPU, else the CPU
+        (Ray does not hide the GPUs from an actor that reserved none, so "auto" there would take one unasked)."""
+        return "auto" if (self.placement.get(role, Placement()).num_gpus or 0) > 0 else "cpu"
 
 
 @dataclass(frozen=True)

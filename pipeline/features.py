@@ -74,9 +74,9 @@ class FeaturePipeline:
         # encodes and the MemoryManager's statistics store merges them.
         self.merges = spec.mergeable and self.inline and method.analytic.accumulate_in == "encoders"
         names = ["source"]
-        # each role computes on the device its placement gave its process ("auto": a GPU where Ray assigned one)
+        # each role computes where its placement put it: a GPU only where Ray assigned it one
         plan = role_plan(spec, config.method, info.feature_dim, config.seed, merges=self.merges,
-                         threads=rt.actor_threads, device="auto")
+                         threads=rt.actor_threads, devices={role: rt.device(role) for role in ("memory", "stage1")})
         for role, (_, args) in plan.items():
             actors.get(role, ACTORS[role], rt.actor_options(role), *args)
             names.append(role)

@@ -64,7 +64,7 @@ class NSRPipeline:
             actors.get("memory", MemoryManager, rt.actor_options("memory"),
                        nsr_stores(self.nsr), rt.actor_threads)
             names.append("memory")
-        self.roles = Roles(actors, names)
+        self.roles = Roles(actors, names, copies={w: "adapter_trainer" for w in self.workers[1:]})
         self.group = WorkerGroup(lambda: [self.roles.handle(w) for w in self.workers], REPLICATED)
         self.flow = NSRFlow(ActorCalls(self._handle), self.nsr)
         self.task_free = False  # NSR keys its bank at task arrival
@@ -160,6 +160,9 @@ class NSRPipeline:
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.group.pending.clear()  # calls of the workers before the fault
+        if len(self.workers) > 1:  # a survivor may still be inside a collective of the broken group: restart them all
+            for w in self.workers:
+                ray.kill(self.roles.handle(w), no_restart=False)
         self.roles.revive()
         self._join()
         self.roles.restore(parts)

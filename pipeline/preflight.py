@@ -61,8 +61,7 @@ def _check_nsr(spec: MethodSpec, config: RunConfig) -> None:
                           f"layers, and {encoder} has none; use minilm (text), open_clip:<ViT> (images) or "
                           f"hf:<folder>; {NSR_EXAMPLE}")
     dataset = config.data.dataset
-    payload = (DATASETS[dataset].payload if dataset in DATASETS else "features" if dataset in ("synthetic", "drift")
-               else "image" if dataset.startswith("image-folder:") else config.data.payload)
+    payload = payload_of(config)
     if payload not in ("text", "image"):
         raise ConfigError(f"data.dataset: {spec.name} trains LoRA inside the encoder, so it needs raw text or image "
                           f"rows; {dataset} carries {payload}; {NSR_EXAMPLE}")
@@ -72,6 +71,13 @@ def _check_nsr(spec: MethodSpec, config: RunConfig) -> None:
             raise ConfigError(f"stream.tasks: {spec.name} learns each task with its own head of two classes or more, "
                               f"and {dataset} split into {len(tasks)} tasks gives a task of "
                               f"{min(len(t) for t in tasks)}; set fewer tasks or stream.task_classes; {NSR_EXAMPLE}")
+
+
+def payload_of(config: RunConfig) -> str:
+    """What the stream's rows carry, known from the config: "features" (no encoder needed), "text" or "image"."""
+    dataset = config.data.dataset
+    return (DATASETS[dataset].payload if dataset in DATASETS else "features" if dataset in ("synthetic", "drift")
+            else "image" if dataset.startswith("image-folder:") else config.data.payload)
 
 
 def with_absolute_paths(config: RunConfig) -> RunConfig:

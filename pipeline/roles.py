@@ -130,15 +130,22 @@ class RunResult:
 class Roles:
     """The stateful actors of one pipeline by role: their states, restore, revival after a fault, timings."""
 
-    def __init__(self, actors: ActorCache, names: list[str], stateless: tuple[str, ...] = ()):
+    def __init__(self, actors: ActorCache, names: list[str], stateless: tuple[str, ...] = (),
+                 copies: dict[str, str] | None = None):
         self.actors, self.names = actors, names
         self.stateless = stateless  # roles without state worth checkpointing (encoders): only timed
+        # roles whose state is another role's (data-parallel workers: worker 0's): not checkpointed, restored from it
+        self.copies = copies or {}
 
     def handle(self, role: str) -> ray.actor.ActorHandle | None:
         return self.actors.handle(role) if role in self.names else None
 
     def state(self) -> dict[str, checkpoint.State]:
-        return dict(zip(self.names, ray.get([self.actors.handle(r).state.remote() for r in self.names])))
+        own = [r for r in self.names if r not in self.copies]
+        return dict(zip(own, ray.get([self.actors.handle(r).state.remote() for r in own])))
+
+    def _part(self, parts: dict[str, checkpoint.State], role: str) -> checkpoint.State:
+        return parts.get(self.copies.get(role, role), {})
 
     def all_names(self) -> list[str]:
         return [*self.names, *self.stateless]
@@ -148,14 +155,14 @@ class Roles:
         if parts is None:
             return
         # a role with an empty state (the frozen LM) leaves no arrays in a checkpoint
-        ray.get([self.actors.handle(r).restore.remote(parts.get(r, {})) for r in self.names])
+        ray.get([self.actors.handle(r).restore.remote(self._part(parts, r)) for r in self.names])
 
     def resume(self, parts: dict[str, checkpoint.State], path: Path) -> None:
         """`restore` from the checkpoint at `path`, role by role: a state that lacks a key the role reads was
         written by an older memcl, and says so in one line."""
         for role in self.names:
             try:
-                ray.get(self.actors.handle(role).restore.remote(parts.get(role, {})))
+                ray.get(self.actors.handle(role).restore.remote(self._part(parts, role)))
             except KeyError as err:  # an actor's RayTaskError is also an instance of its cause's class
                 cause = err.cause if isinstance(err, rex.RayTaskError) else err
                 raise ConfigError(f"{path}: written by an older memcl (the {role} state lacks "

@@ -352,11 +352,13 @@ class StreamingLDAHead:
         self.sums = np.zeros((0, feature_dim), np.float64)
         self.counts = np.zeros(0, np.int64)
         self.second_moment = np.zeros((feature_dim, feature_dim) if covariance else (0, 0), np.float64)
+        self.solved: tuple[np.ndarray, np.ndarray] | None = None  # `solution` until the statistics change
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
         with torch.no_grad():
             h = apply_memory(memory, features).double().numpy()
         y = labels.numpy()
+        self.solved = None
         new = np.setdiff1d(np.unique(y), self.classes)
         if len(new):
             self.classes = np.concatenate([self.classes, new])
@@ -375,6 +377,11 @@ class StreamingLDAHead:
 
     def solution(self) -> tuple[np.ndarray, np.ndarray]:
         """(W, b): a row h scores h·W[c] + b[c] for class c (the classes in `self.classes` order)."""
+        if self.solved is None:
+            self.solved = self._solve()
+        return self.solved
+
+    def _solve(self) -> tuple[np.ndarray, np.ndarray]:
         means = self.sums / self.counts[:, None]
         if not self.covariance:  # argmin ‖h − μ‖² = argmax h·μ − ½ ‖μ‖²
             return means, -0.5 * np.einsum("cd,cd->c", means, means)
@@ -402,6 +409,7 @@ class StreamingLDAHead:
         self.sums = np.array(state["sums"], np.float64)
         self.counts = np.array(state["counts"], np.int64)
         self.second_moment = np.array(state["second_moment"], np.float64)
+        self.solved = None
 
     def memory_bytes(self) -> dict[str, int]:
         out = {"class_means": self.classes.nbytes + self.sums.nbytes + self.counts.nbytes}

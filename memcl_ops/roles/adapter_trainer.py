@@ -22,8 +22,9 @@ from memcl_ops.nsr.task_bank import BankEntry
 
 # the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
 REPLICATED = frozenset({"begin_task", "train"})
-# how long a worker waits for the others at a rendezvous or an all-reduce before it fails (a worker died)
-GROUP_TIMEOUT = timedelta(seconds=60)
+# how long a worker waits for the others at the rendezvous or an all-reduce before it fails: the others wait there
+# while worker 0 alone evaluates (a returning task's recovery, after every step); a dead worker fails it at once
+GROUP_TIMEOUT = timedelta(minutes=30)
 
 
 def rendezvous_address(host: str) -> str:

@@ -15,7 +15,7 @@ the head.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -34,15 +34,17 @@ RolePlan = dict[str, tuple[type, tuple[Any, ...]]]  # role -> (its class, the co
 
 
 def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int, *, merges: bool = False,
-              threads: int | None = None, device: str = "cpu") -> RolePlan:
+              threads: int | None = None, device: str = "cpu", devices: Mapping[str, str] | None = None) -> RolePlan:
     """The roles a method has and how each is built. `merges`: the memory manager also merges analytic statistics
     summed elsewhere (by encoder replicas); `threads`: the torch threads of each hosting process (None: leave
-    them); `device`: where routing and stage 1 compute ("auto": a GPU where the hosting process sees one)."""
+    them); `device`: where routing and stage 1 compute ("auto": a GPU where the hosting process sees one);
+    `devices`: per role ("memory", "stage1"), instead of `device`."""
     method = spec.resolve(config)
+    on = lambda role: (devices or {}).get(role, device)  # noqa: E731
     plan: RolePlan = {}
     stores = {}
     if spec.memory:
-        stores["slots"] = StoreSpec(SlotStore, (feature_dim, method.router, method.sgse.max_slots, seed, device))
+        stores["slots"] = StoreSpec(SlotStore, (feature_dim, method.router, method.sgse.max_slots, seed, on("memory")))
     if merges:
         stores["statistics"] = StoreSpec(StatisticsStore)
     if stores:
@@ -51,7 +53,7 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
     if spec.sgse:
         plan["monitor"] = (NoveltyMonitor, (method.sgse,))
     if spec.stage1:
-        plan["stage1"] = (Stage1Trainer, (feature_dim, method.router, method.stage1, seed, threads, device))
+        plan["stage1"] = (Stage1Trainer, (feature_dim, method.router, method.stage1, seed, threads, on("stage1")))
     memory = partial(frozen_router, feature_dim, method.router) if spec.memory else None
     plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads, memory))
     return plan

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray
 
 from memcl.pipeline import checkpoint, runner
 from memcl.pipeline.config import ConfigError, dump_config, load_config
@@ -140,9 +141,10 @@ def test_pretrained_minilm_returning_tasks_are_back_at_once_with_the_bank(actors
     assert min(e["acc_live"] for e in metrics["round_log"]) > 0.8
 
 
-def _final_adapter(metrics: dict, role: str = "adapter_trainer") -> dict[str, np.ndarray]:
+def _final_adapter(metrics: dict) -> dict[str, np.ndarray]:
     parts, _ = checkpoint.read(Path(metrics["run_dir"]) / "checkpoints" / f"ckpt-{len(VISITS) - 1:06d}.npz")
-    return {k: v for k, v in parts[role].items() if k.startswith(("learner.lora.", "learner.head."))}
+    assert "adapter_trainer1" not in parts  # a data-parallel worker's state is worker 0's
+    return {k: v for k, v in parts["adapter_trainer"].items() if k.startswith(("learner.lora.", "learner.head."))}
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +154,7 @@ def two_workers(actors, tmp_path_factory, tiny_bert):
     return runner.run(cfg, actors=actors).metrics
 
 
-def test_two_data_parallel_workers_learn_what_one_learns(bank_run, two_workers):
+def test_two_data_parallel_workers_learn_what_one_learns(actors, bank_run, two_workers):
     one, two = _final_adapter(bank_run), _final_adapter(two_workers)
     assert one.keys() == two.keys() and len(one) > 2
     # The same steps' mean gradients (tests/unit/test_nsr.py checks the shares' average exactly); the workers sum
@@ -161,9 +163,11 @@ def test_two_data_parallel_workers_learn_what_one_learns(bank_run, two_workers):
     step = 5e-3
     for key in one:
         np.testing.assert_allclose(two[key], one[key], rtol=0, atol=step / 20, err_msg=key)
-    worker1 = _final_adapter(two_workers, "adapter_trainer1")
-    for key in two:  # DDP keeps the workers identical
-        np.testing.assert_array_equal(worker1[key], two[key], err_msg=key)
+    # DDP keeps the workers identical: worker 1 (not checkpointed: its state is worker 0's) holds the same weights
+    parts = ray.get([actors.handle(w).state.remote() for w in ("adapter_trainer", "adapter_trainer1")])
+    for key in two:
+        np.testing.assert_array_equal(parts[1][key], parts[0][key], err_msg=key)
+        np.testing.assert_array_equal(parts[0][key], two[key], err_msg=key)
     np.testing.assert_array_equal(np.array(two_workers["acc_matrix"], float), np.array(bank_run["acc_matrix"], float))
     assert [e["arrival"] for e in two_workers["round_log"]] == [e["arrival"] for e in bank_run["round_log"]]
     samples = two_workers["samples"]  # each row learned once by the group (by one worker's share)
