@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 
 from memcl.pipeline.config import ConfigError
@@ -27,8 +28,6 @@ def token_on() -> bool:
 def _reload_ray_config() -> None:
     # Ray reads its mode into a process-wide config when it is imported; a mode set later counts only once it is
     # read again (the call Ray makes itself when it turns token authentication on)
-    import sys
-
     if "ray" in sys.modules:
         from ray._raylet import Config
 

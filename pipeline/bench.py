@@ -119,10 +119,11 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
         encoders = config.encoder.replicas * config.encoder.num_cpus if raw else 0.0
         for metrics in (_fanned_out(runs, fan_out, encoders) if fan_out else
                         (runner.run(run, actors=actors).metrics for run in runs)):
-            rows.append(RunRow.of(metrics))
+            row = RunRow.of(metrics)
+            rows.append(row)
             rows.sort(key=lambda r: (names.index(r.method), r.seed))
-            log(f"[{chosen.name}] {metrics['method']} seed {metrics['seed']}: A_last "
-                f"{100 * metrics['summary']['a_last']:.2f} (train {RunRow.of(metrics).train_seconds:.0f} s; "
+            log(f"[{chosen.name}] {row.method} seed {row.seed}: A_last "
+                f"{100 * row.summary['a_last']:.2f} (train {row.train_seconds:.0f} s; "
                 f"{len(rows)} of {len(runs)} runs in {time.perf_counter() - started:.0f} s)")
             write_results(folder, chosen, rows, seeds)
     finally:

@@ -87,7 +87,7 @@ def test_bench_runs_each_method_and_seed_once_and_tables_agree_with_the_runs(act
         np.testing.assert_allclose(back.curve, run.curve, atol=1e-4)
 
 
-def test_bench_fanned_out_as_ray_tasks_gives_the_sequential_rows(actors, tmp_path):
+def test_bench_fanned_out_over_bench_workers_gives_the_sequential_rows(actors, tmp_path):
     methods = ["mars", "derpp"]
     kwargs = {"seeds": 1, "methods": methods, "overrides": SMALL_DRIFT, "log": lambda _: None}
     sequential = bench.bench("synthetic-drift", out=tmp_path / "sequential", actors=actors, **kwargs)
