@@ -87,6 +87,8 @@ def check_learner(make: Callable[[], StreamLearner], stream: Stream, *, margin: 
     report.ran.append("seed")
     if "generative" in tags:
         report.skipped["classes"] = "generative: answers are text, not class labels"
+    elif "input-blind" in tags:
+        report.skipped["classes"] = "input-blind: it never reads the input"
     else:
         _check_classes(stream, reference, "task-free" not in tags, margin)
         report.ran.append("classes")

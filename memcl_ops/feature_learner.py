@@ -4,7 +4,8 @@ objects: what `memcl run` computes, without Ray.
 
 * `observe`: the batch is routed through the slot memory and judged by SGSE (expansions grow the memory before the
   next batch is routed); the batch joins the round's block;
-* `consolidate`: DCDA stage 1 on the block, then the head and its task-end snapshot.
+* `consolidate`: the block's batches predicted by the head as it stands (test-then-train, returned as the report's
+  "prequential" table), then DCDA stage 1 on the block, then the head and its task-end snapshot.
 
 `device`: where the slot memory routes and DCDA stage 1 trains (benchmarks/gpu_check.py); the head stays on the
 CPU, as stage 2 and the teacher snapshots (memcl_ops/mars/dcda.py) build their tensors there.
@@ -41,7 +42,7 @@ class FeatureLearner:
     def consolidate(self) -> dict[str, object]:
         block, self.block = self.block, []
         report, _ = self.flow.consolidate(block)
-        return report["stage2"]
+        return {**report["stage2"], "prequential": report["prequential"]}
 
     def predict(self, batch: pa.RecordBatch) -> np.ndarray:
         return self.roles["stage2"].predict(batch)
@@ -60,7 +61,7 @@ class FeatureLearner:
     def memory_bytes(self) -> dict[str, int]:
         """The pipeline's memory report (stores, monitor references, head parts) and what else a checkpoint holds:
         the slots' history, the monitor's open block and test log, the copy of the memory the head reads, and the
-        sample ids kept for exactly-once accounting."""
+        sample ids kept for exactly-once accounting, and the earlier models kept for near-future accuracy."""
         out = {k: v for k, v in self.flow.memory_report().items() if k != "num_slots"}
         states = {name: role.state() for name, role in self.roles.items()}
         ids = sum(array_bytes({"learned": s["learned"]}) for s in states.values() if "learned" in s)
@@ -71,4 +72,5 @@ class FeatureLearner:
         if "monitor" in self.roles:
             out["monitor_block"] = array_bytes(states["monitor"]) - out["monitor"]
         out["trained_memory"] = array_bytes(state_part(states["stage2"], "memory"))
+        out["near_future_models"] = array_bytes(state_part(states["stage2"], "versions"))
         return out

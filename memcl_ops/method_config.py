@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memcl_ops.analytic.ridge import AnalyticConfig
-from memcl_ops.baselines.heads import DERppConfig, EWCConfig, SLDAConfig
+from memcl_ops.baselines.heads import BlindConfig, DERppConfig, EWCConfig, SLDAConfig
 from memcl_ops.baselines.lm_finetune import FinetuneConfig
 from memcl_ops.baselines.text_replay import ReplayConfig
 from memcl_ops.head_training import Stage2Config
@@ -31,6 +31,7 @@ class MethodConfig:
     ewc: EWCConfig = EWCConfig()
     derpp: DERppConfig = DERppConfig()
     slda: SLDAConfig = SLDAConfig()
+    blind: BlindConfig = BlindConfig()
     nsr: NSRConfig = NSRConfig()
     analytic: AnalyticConfig = AnalyticConfig()
     consolidate_every: int = 8  # task-free mode: run stage 1 + 2 every K batches

@@ -19,6 +19,7 @@ import pyarrow as pa
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.learner import Round, StreamLearner
+from memcl_ops.prequential import PrequentialConfig, Tally
 from memcl_ops.roles.stream_source import StreamSource
 
 RoundBatches = list[tuple[int, int]]  # the (visit, batch index) pairs of one round
@@ -82,12 +83,23 @@ def matrix_rows(accuracy: dict[int, float], ended: list[int], tasks: int, task_f
 
 @dataclass
 class InProcessRun:
-    """What `stream_in_process` leaves: the accuracy matrix, the rows refused at the gate, the learner's report per
-    round."""
+    """What `stream_in_process` leaves: the accuracy matrix, the rows refused at the gate, the learner's report and
+    test-then-train predictions per round."""
 
     rows: list[list[float]] = field(default_factory=list)
     refused: list[pa.Table] = field(default_factory=list)
     reports: list[dict] = field(default_factory=list)
+    predictions: list[pa.Table] = field(default_factory=list)  # per round, its test-then-train predictions
+
+    def prequential(self, config: PrequentialConfig | None = None) -> dict | None:
+        """The run's test-then-train figures, as the runner's metrics.json has them (None: nothing predicted)."""
+        config = config or PrequentialConfig()
+        if not self.predictions:
+            return None
+        tally = Tally()
+        for table in self.predictions:
+            tally.add(table, config.window)
+        return tally.report(config)
 
     @property
     def matrix(self) -> np.ndarray:
@@ -114,7 +126,10 @@ def stream_in_process(learner: StreamLearner, source: StreamSource, schedule: Sc
             out.refused.append(refused)
             if batch is not None:
                 learner.observe(batch)
-        out.reports.append(learner.consolidate())
+        report = learner.consolidate()
+        if "prequential" in report:
+            out.predictions.append(report.pop("prequential"))
+        out.reports.append(report)
         ended = schedule.ended(info, batches)
         seen = seen_after(seen, (source.visit_tasks(v) for v in visits))
         accuracy = {}

@@ -21,6 +21,7 @@ TAGS = {
     "generative": "answers text prompts with a causal LM (memcl lm) instead of predicting class labels",
     "byte-budget": "its memory is capped by a byte budget set per run (memcl lm --budgets)",
     "learns-nothing": "keeps no state (the frozen base): restore and byte checks are vacuous",
+    "input-blind": "predicts without reading the input (from the labels streamed): the classes check is vacuous",
     "direction-memory": "keeps MIITA's prototype memory (memcl_ops/miita/): written from teacher-forced extractions",
     "demonstrations": "answers after stored examples retrieved by key and shown in the prompt (text replay)",
 }

@@ -20,6 +20,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def best_class(classes: np.ndarray, scores: np.ndarray | torch.Tensor, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the class of each row's highest score, that score); (-1, -inf) for every row while there is no class."""
+    if not len(classes):
+        return np.full(rows, -1, dtype=np.int64), np.full(rows, -np.inf, dtype=np.float32)
+    scores = scores.numpy() if isinstance(scores, torch.Tensor) else np.asarray(scores)
+    best = scores.argmax(axis=1)
+    return np.asarray(classes, np.int64)[best], scores[np.arange(len(best)), best].astype(np.float32)
+
+
 def normalize(v: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
     """Norm(v) = v / (‖v‖₂ + ε) along the last axis."""
     return v / (v.norm(dim=-1, keepdim=True) + eps)

@@ -22,6 +22,7 @@ from memcl_ops.data.sources import SourceSpec
 from memcl_ops.data.streams import StreamSpec
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.models.encoders import EncoderSpec
+from memcl_ops.prequential import PrequentialConfig
 
 
 class ConfigError(ValueError):
@@ -98,6 +99,9 @@ class RuntimeConfig:
     evaluate_every: int = 1
     # evaluate only the N most recently first-trained tasks (None: all seen); after the last round, all seen
     evaluate_window: int | None = None
+    # test-then-train: every training batch is predicted before it is learned (docs/methods.md, "Prequential
+    # accuracy"); its sliding window in rows and the k of near-future accuracy
+    prequential: PrequentialConfig = PrequentialConfig()
     # per role (ROLES), what its actor reserves; a role not named keeps its default: nothing reserved for the
     # learner actors (they mostly wait on the encoders), a CPU for the LM's actor, the encoders' share for NSR's trainer
     placement: dict[str, Placement] = field(default_factory=dict)

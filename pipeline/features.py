@@ -76,7 +76,8 @@ class FeaturePipeline:
         names = ["source"]
         # each role computes where its placement put it: a GPU only where Ray assigned it one
         plan = role_plan(spec, config.method, info.feature_dim, config.seed, merges=self.merges,
-                         threads=rt.actor_threads, devices={role: rt.device(role) for role in ("memory", "stage1")})
+                         threads=rt.actor_threads, devices={role: rt.device(role) for role in ("memory", "stage1")},
+                         near_future=rt.prequential.near_future)
         for role, (_, args) in plan.items():
             actors.get(role, ACTORS[role], rt.actor_options(role), *args)
             names.append(role)
@@ -145,6 +146,7 @@ class FeaturePipeline:
             block, refused = self.stream_classic(batches, bar, letters, on_batch), []
         seconds = {"stream": time.perf_counter() - t_stream}
         consolidation, trained = self.consolidate(block, reports, what)
+        predictions = consolidation.pop("prequential")
         seconds.update(trained)
 
         t_eval = time.perf_counter()
@@ -160,7 +162,7 @@ class FeaturePipeline:
         refused = [t for t in [*refused, *ray.get(letters)] if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
-                            seconds, consolidation)
+                            seconds, consolidation, predictions)
 
     def stream_classic(self, batches: RoundBatches, bar, letters: list[ray.ObjectRef], on_batch: BatchHook | None
                        ) -> list[ray.ObjectRef]:

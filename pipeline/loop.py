@@ -20,6 +20,7 @@ A round changes nothing of the run state (`RunState`) until it has completed; th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
@@ -43,6 +44,7 @@ from memcl.pipeline.tracking import TensorBoardLog
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
+from memcl_ops.prequential import PrequentialConfig, Tally, unlabelled
 from memcl_ops.rounds import RoundBatches, matrix_rows
 
 log = logging.getLogger("memcl")
@@ -181,7 +183,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
 
         for r in range(state.next_round, len(rounds)):
             outcome, memory, committed = recovery.run(f"round {r}", partial(round_step, r))
-            _commit_round(pipe, state, r, outcome, memory, run_dir)
+            _commit_round(pipe, state, r, outcome, memory, run_dir, rt.prequential)
             state.elapsed = earlier + time.perf_counter() - started
             recovery.last_good = committed
             reports.phase("checkpoint")
@@ -195,7 +197,8 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
                 board.round(state)
         reports.phase("report")
         metrics.update(recovery.run("the run's report", lambda: {
-            **_run_metrics(pipe, state, earlier + time.perf_counter() - started), **pipe.finish(state)}))
+            **_run_metrics(pipe, state, earlier + time.perf_counter() - started, rt),
+            **pipe.finish(state)}))
     reports.close()
     if isinstance(chaos, Chaos):
         metrics["chaos"] = chaos.report()
@@ -214,9 +217,14 @@ def _round_name(pipe: StreamPipeline, rounds: list[RoundBatches], r: int) -> str
 
 
 def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundOutcome, memory: dict[str, int],
-                  run_dir: Path) -> None:
+                  run_dir: Path, prequential: PrequentialConfig) -> None:
     """Fold a completed round (and the memory report read after it) into the run state and write its dead
-    letters; calls no actor, so a commit is never half done."""
+    letters and the predictions of its unlabelled rows; calls no actor, so a commit is never half done."""
+    if outcome.predictions is not None:
+        tally = Tally(**state.prequential)
+        tally.add(outcome.predictions, prequential.window)
+        state.prequential = dataclasses.asdict(tally)
+        _write_predictions(run_dir, r, unlabelled(outcome.predictions))
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
     state.seen_tasks = outcome.seen
@@ -242,6 +250,17 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
                             else None, "memory": memory, "seconds": outcome.seconds, **outcome.log,
                             "refused": 0 if dead is None else dead.num_rows, "time": time.time()})
     state.next_round = r + 1
+
+
+def _write_predictions(run_dir: Path, r: int, predicted: pa.Table) -> None:
+    """The round's unlabelled rows as predicted, in `predictions/round-N.parquet` (a replay overwrites, never adds;
+    a round without any writes none)."""
+    path = run_dir / "predictions" / f"round-{r:06d}.parquet"
+    if not predicted.num_rows:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(exist_ok=True)
+    pq.write_table(predicted.drop_columns([S.LABEL]), path)
 
 
 def first_visit_square(acc: np.ndarray, info: StreamInfo) -> np.ndarray:
@@ -272,16 +291,38 @@ def _new_refusals(dead: pa.Table, state: RunState) -> pa.Table:
 
 
 def summary(pipe: StreamPipeline, state: RunState, acc: np.ndarray) -> dict:
-    """A_last, Ā, forgetting and BWT (docs/methods.md, "Metrics"; Ā and forgetting None where the matrix is
-    evaluated only in part), or {} while A_last's or BWT's entries are missing."""
+    """A_last, Ā, forgetting and BWT of the model as it stands at the end of the stream (docs/methods.md, "Metrics";
+    Ā and forgetting None where the matrix is evaluated only in part), or {} while A_last's or BWT's entries are
+    missing. With boundaries, every visit's row counts, a returning task's included."""
     if pipe.task_free:
         complete = acc.size and not np.isnan(acc[-1]).any()
         return M.Summary.over_points(acc, learned_points(state, pipe.info)).as_dict() if complete else {}
-    square = first_visit_square(acc, pipe.info)
+    if not revisits(pipe.info):
+        return first_pass(pipe.info, acc)
+    if not acc.size or np.isnan(acc[-1]).any():
+        return {}
+    visits = pipe.info.visits
+    first_rows = [visits.index(t) if t in visits else len(acc) - 1 for t in range(len(pipe.info.task_classes))]
+    out = M.Summary.over_points(acc, first_rows).as_dict()
+    seen = np.arange(len(acc))[:, None] >= np.array(first_rows)[None, :]  # task j trained by row i
+    if np.isnan(acc[seen]).any():  # as for the first pass: Ā and forgetting only over a complete matrix
+        out.update(a_mean=None, forgetting=None)
+    return out
+
+
+def revisits(info: StreamInfo) -> bool:
+    """Whether a task of the stream returns after its first visit."""
+    return len(info.visits) > len(set(info.visits))
+
+
+def first_pass(info: StreamInfo, acc: np.ndarray) -> dict:
+    """The four numbers of the rows after each task's first visit only (a returning task's later visits unread):
+    the headline of a stream where no task returns, reported beside it where one does."""
+    square = first_visit_square(acc, info)
     return M.Summary.of(square).as_dict() if M.Summary.computable(square) else {}
 
 
-def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float) -> dict:
+def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: RuntimeConfig) -> dict:
     info = pipe.info
     acc = np.array(state.acc_rows, dtype=np.float64).reshape(len(state.acc_rows), len(info.task_classes))
     learned = pipe.learned_ids()
@@ -294,11 +335,14 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float) -> dict:
         "acc_matrix": acc.tolist(),
         "rows": state.rows,
         "summary": summary(pipe, state, acc),
+        "first_pass": first_pass(info, acc) if not pipe.task_free and revisits(info) else None,
         "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size and not np.isnan(acc[-1]).all() else None,
+        "prequential": Tally(**state.prequential).report(rt.prequential) if state.prequential["curve"] else None,
         "samples": {"stream": info.num_samples, "learned": len(learned), "unique_learned": len(np.unique(learned)),
                     "refused": sum(state.refused.values()), "refused_by_reason": state.refused,
                     "refused_test": sum(state.refused_test.values()), "refused_test_by_reason": state.refused_test,
-                    "refused_by_origin": state.refused_origins},
+                    "refused_by_origin": state.refused_origins,
+                    "predicted_unlabelled": state.prequential["predicted_unlabelled"]},
         "memory_bytes": {k: v for k, v in pipe.memory_report().items() if k != "num_slots"},
         "wall_seconds": {"total": wall, **state.wall},
         "actor_busy_seconds": {f"{actor}.{stage}": v["seconds"] for actor, stages in timings.items()

@@ -174,7 +174,14 @@ def summary_table(metrics: dict) -> str:
     lines.append(f"training samples streamed {samples['stream']}, learned {samples['learned']} "
                  f"({samples['unique_learned']} unique), refused {samples.get('refused', 0)}"
                  + (f" ({refused})" if refused else "")
-                 + (f"; test rows refused {samples['refused_test']} ({refused_test})" if refused_test else ""))
+                 + (f"; test rows refused {samples['refused_test']} ({refused_test})" if refused_test else "")
+                 + (f"; unlabelled rows predicted {samples['predicted_unlabelled']} (predictions/)"
+                    if samples.get("predicted_unlabelled") else ""))
+    prequential = metrics.get("prequential")
+    if prequential and prequential["rows"]:
+        lines.append(f"test-then-train: prequential {100 * prequential['accuracy']:.2f} (last {prequential['window']} "
+                     f"rows {100 * prequential['window_accuracy']:.2f})   near-future (k={prequential['near_future']}) "
+                     f"{100 * prequential['near_future_accuracy']:.2f}   over {prequential['rows']} training rows")
     slots = metrics.get("slots")
     if slots and slots["history"]:
         lines.append(f"slots {slots['history'][0][1]} -> {slots['history'][-1][1]} "

@@ -4,6 +4,7 @@ Its own module so that the runner can import the pipelines and they these parts,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from memcl.pipeline.config import ConfigError, RunConfig
 from memcl.pipeline.progress import Reports
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
+from memcl_ops.methods import method_spec
+from memcl_ops.prequential import Tally
 from memcl_ops.rounds import RoundBatches
 
 BatchHook = Callable[[int, int], None]  # called with (visit, batch index) after each batch is submitted
@@ -71,6 +74,8 @@ class RunState:
     refused_origins: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per file (or stream)
     # the test rows refused so far ("origin:position:sample_id"): each evaluation reads its test rows again
     refused_test_rows: list[str] = field(default_factory=list)
+    # the test-then-train figures so far (memcl_ops/prequential.py, Tally)
+    prequential: dict = field(default_factory=lambda: dataclasses.asdict(Tally()))
     recoveries: int = 0  # rounds replayed after an actor fault
     elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
 
@@ -92,6 +97,9 @@ class RoundOutcome:
     dead: pa.Table | None  # refused rows (train and test), with their sample_id and reason
     seconds: dict[str, float]  # driver wall time per phase
     log: dict = field(default_factory=dict)  # the family's report of the round (consolidation, arrival, ...)
+    # the round's training rows predicted before they were learned (memcl_ops/prequential.py, PREDICTIONS); None:
+    # the family predicts none
+    predictions: pa.Table | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,7 @@ class Samples:
     refused_test: int = 0  # distinct test rows refused (each evaluation reads them again; counted once)
     refused_test_by_reason: dict[str, int] = field(default_factory=dict)
     refused_by_origin: dict[str, int] = field(default_factory=dict)  # training and test rows per file (or stream)
+    predicted_unlabelled: int = 0  # training rows without a label: predicted (predictions/), never learned
 
 
 @dataclass(frozen=True)
@@ -210,7 +219,9 @@ class StreamPipeline(Protocol):
 
 def stream_source(config: RunConfig, actors: ActorCache) -> ray.actor.ActorHandle:
     rt = config.runtime
+    # the "features" family predicts unlabelled training rows (and learns the others); NSR refuses them
+    unlabelled = method_spec(config.method.name).family == "features"
     return actors.get("source", StreamSource, rt.actor_options("source"), config.data,
-                      config.stream, rt.max_batch_rows)
+                      config.stream, rt.max_batch_rows, unlabelled)
 
 

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from memcl_ops.learner import FeatureMemory
-from memcl_ops.tensors import layer_norm
+from memcl_ops.tensors import best_class, layer_norm
 
 EXACT = 2.0**53  # float64 integers below this are exact, and so is every sum that stays below it
 INT64_HEADROOM = 2.0**62  # int64 sums are refused before any entry could reach this
@@ -537,10 +537,12 @@ class AnalyticHead:
 
     def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
         """Global class ids of the highest score (-1 before the first solve)."""
-        n = len(features)
-        if not len(self.weight_classes):
-            return np.full(n, -1, dtype=np.int64)
-        return self.weight_classes[self.logits(features).argmax(axis=1)]
+        return self.scored(features)[0]
+
+    def scored(self, features: np.ndarray | torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """(the class of the highest score, that score) per row."""
+        scores = self.logits(features) if len(self.weight_classes) else None
+        return best_class(self.weight_classes, scores, len(features))
 
     def state(self) -> dict[str, np.ndarray]:
         return {**{f"stats.{k}": v for k, v in self.stats.state().items()}, "weight": self.weight.copy(),
@@ -652,7 +654,11 @@ class AnalyticLearner:
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
-        return self.head.predict(features if memory is None else memory(features).h_tilde)
+        return self.scored(features, memory)[0]
+
+    @torch.no_grad()
+    def scored(self, features: torch.Tensor, memory: FeatureMemory | None) -> tuple[np.ndarray, np.ndarray]:
+        return self.head.scored(features if memory is None else memory(features).h_tilde)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**{f"head.{k}": v for k, v in self.head.state().items()},

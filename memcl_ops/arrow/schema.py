@@ -410,6 +410,20 @@ def with_predictions(pairs: pa.RecordBatch, texts: list[str], answer_nll: torch.
     return out.append_column(pa.field(PROMPT_TOKENS, pa.int32(), nullable=False), pa.array(prompt_tokens, pa.int32()))
 
 
+STREAM_BATCH = "stream_batch"  # a block kept as one batch (a compiled chain's): each row's batch within it
+
+
+def stream_batches(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """The stream's batches in `batch`: itself, or its `STREAM_BATCH` runs in order (the column dropped)."""
+    index = batch.schema.get_field_index(STREAM_BATCH)
+    if index < 0:
+        return [batch]
+    runs = batch.column(index).to_numpy()
+    starts = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]]) if len(runs) else np.zeros(0, np.int64)
+    body = batch.remove_column(index)
+    return [body.slice(a, b - a) for a, b in zip(starts, [*starts[1:], len(runs)])]
+
+
 def labelled_block(batches: tuple[pa.RecordBatch | None, ...]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     """(features, labels, sample_ids) of the labelled rows of `batches`, concatenated in stream order
     (None stands for a batch the gate refused entirely)."""

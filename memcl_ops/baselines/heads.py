@@ -9,6 +9,7 @@
 | slda | `StreamingLDAHead`: Streaming LDA (Hayes and Kanan 2020), one shared covariance | class sums, counts, Σ h hᵀ |
 | ncm | `StreamingLDAHead` without a covariance: Euclidean nearest class mean | class feature sums, counts |
 | joint | `JointHead`: the non-continual upper bound | every feature and label seen so far |
+| blind | `BlindHead`: the most frequent of the last labels, never reading the input | the last `window` labels |
 
 The trained ones use the classifier, loop and CE objective of DCDA stage 2 (`train_stage2`, head_training.py),
 adding their own term through its `extra_loss` hook, so the comparison differs only in what each method does
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from memcl_ops.head_training import Stage2Config, apply_memory, train_stage2
 from memcl_ops.learner import FeatureMemory
 from memcl_ops.models.head import GrowingLinearHead
-from memcl_ops.tensors import normalize, prefixed, state_part, take_rows
+from memcl_ops.tensors import best_class, normalize, prefixed, state_part, take_rows
 
 
 def _pad_rows(a: torch.Tensor, rows: int) -> torch.Tensor:
@@ -60,6 +61,10 @@ class _TrainedLinearHead:
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
         return self.head.predict(apply_memory(memory, features))
+
+    @torch.no_grad()
+    def scored(self, features: torch.Tensor, memory: FeatureMemory | None) -> tuple[np.ndarray, np.ndarray]:
+        return self.head.scored(apply_memory(memory, features))
 
 
 @dataclass(frozen=True)
@@ -314,11 +319,16 @@ class NearestMeanHead:
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
+        return self.scored(features, memory)[0]
+
+    @torch.no_grad()
+    def scored(self, features: torch.Tensor, memory: FeatureMemory | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the class of the most similar mean, the cosine similarity) per row."""
         h = apply_memory(memory, features)
         if not len(self.classes):
-            return np.full(h.shape[0], -1, dtype=np.int64)
+            return best_class(self.classes, None, h.shape[0])
         means = torch.from_numpy(self.sums / self.counts[:, None]).float()
-        return self.classes[(normalize(h) @ normalize(means).T).argmax(dim=1).numpy()]
+        return best_class(self.classes, normalize(h) @ normalize(means).T, h.shape[0])
 
     def state(self) -> dict[str, np.ndarray]:
         return {"classes": self.classes.copy(), "sums": self.sums.copy(), "counts": self.counts.copy()}
@@ -394,11 +404,16 @@ class StreamingLDAHead:
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
+        return self.scored(features, memory)[0]
+
+    @torch.no_grad()
+    def scored(self, features: torch.Tensor, memory: FeatureMemory | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the class of the highest discriminant, its value) per row."""
         h = apply_memory(memory, features).double().numpy()
         if not len(self.classes):
-            return np.full(h.shape[0], -1, dtype=np.int64)
+            return best_class(self.classes, None, h.shape[0])
         weights, bias = self.solution()
-        return self.classes[(h @ weights.T + bias).argmax(axis=1)]
+        return best_class(self.classes, h @ weights.T + bias, h.shape[0])
 
     def state(self) -> dict[str, np.ndarray]:
         return {"classes": self.classes.copy(), "sums": self.sums.copy(), "counts": self.counts.copy(),
@@ -416,6 +431,54 @@ class StreamingLDAHead:
         if self.covariance:
             out["covariance"] = self.second_moment.nbytes
         return out
+
+
+@dataclass(frozen=True)
+class BlindConfig:
+    window: int = 50  # the labels it votes over: the last this many labelled training rows
+
+
+class BlindHead:
+    """The blind classifier of Al Kader Hammoud, Prabhu et al. (ICCV 2023): it never reads the input and predicts,
+    for every row, the most frequent label among the last `window` labelled rows streamed (ties: the most recent).
+    It learns every batch right after predicting it (`observe`), so on a stream whose labels come in runs its
+    test-then-train accuracy is high, and near-future accuracy (memcl_ops/prequential.py) shows what that is worth."""
+
+    def __init__(self, config: BlindConfig = BlindConfig()):
+        self.config = config
+        self.recent = np.zeros(0, np.int64)  # oldest first
+
+    def observe(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> None:
+        self.recent = np.concatenate([self.recent, labels.numpy().astype(np.int64)])[-self.config.window:]
+
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        """Nothing: `observe` took each batch's labels as it streamed."""
+        return {}
+
+    def end_task(self, memory: FeatureMemory | None) -> None:
+        """Nothing to consolidate."""
+
+    def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
+        return self.scored(features, memory)[0]
+
+    def scored(self, features: torch.Tensor, memory: FeatureMemory | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the vote's winner, its share of the window) for every row alike."""
+        rows = features.shape[0]
+        classes, counts = np.unique(self.recent, return_counts=True)
+        if not len(classes):
+            return best_class(classes, None, rows)
+        tied = classes[counts == counts.max()]
+        winner = next(int(c) for c in self.recent[::-1] if c in tied)
+        return np.full(rows, winner, np.int64), np.full(rows, counts.max() / len(self.recent), np.float32)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"recent": self.recent.copy()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.recent = np.array(state["recent"], np.int64)
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {"recent_labels": self.recent.nbytes}
 
 
 class JointHead(_TrainedLinearHead):

@@ -4,7 +4,7 @@ they train), and the LM family's frozen base, text replay and sequential LoRA. F
 
 from __future__ import annotations
 
-from memcl_ops.baselines.heads import DERppHead, EWCHead, JointHead, NearestMeanHead, StreamingLDAHead
+from memcl_ops.baselines.heads import BlindHead, DERppHead, EWCHead, JointHead, NearestMeanHead, StreamingLDAHead
 from memcl_ops.head_training import NO_DISTILL, NO_OLD_CLASS_TERMS
 from memcl_ops.spec import HeadFactory, MethodSpec
 
@@ -15,6 +15,7 @@ HEADS: dict[str, HeadFactory] = {
     "slda": lambda dim, cfg, seed: StreamingLDAHead(dim, cfg.slda),
     "euclidean-mean": lambda dim, cfg, seed: StreamingLDAHead(dim, cfg.slda, covariance=False),
     "joint": lambda dim, cfg, seed: JointHead(dim, cfg.stage2, seed),
+    "blind": lambda dim, cfg, seed: BlindHead(cfg.blind),
 }
 
 FEATURE_METHODS = [
@@ -30,6 +31,9 @@ FEATURE_METHODS = [
                head="slda", role="baseline"),
     MethodSpec("ncm", "Euclidean nearest class mean (CapyMOA's NCM), no training", head="euclidean-mean",
                role="baseline"),
+    MethodSpec("blind", "the blind classifier: the most frequent of the last labels streamed, never the input (what "
+               "test-then-train accuracy alone would reward)", head="blind",
+               tags=frozenset({"task-free", "input-blind"}), role="baseline"),
     MethodSpec("joint", "joint training on all data seen so far (non-continual upper bound)", head="joint",
                uses_labels_of="seen", role="upper-bound"),
 ]

@@ -81,6 +81,10 @@ class DistillHead:
     def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
         return self.head.predict(apply_memory(memory, features))
 
+    @torch.no_grad()
+    def scored(self, features: torch.Tensor, memory: SlotRouter | None) -> tuple[np.ndarray, np.ndarray]:
+        return self.head.scored(apply_memory(memory, features))
+
     def state(self) -> dict[str, np.ndarray]:
         out = {f"head.{k}": v for k, v in self.head.state().items()}
         if self.teacher is not None:

@@ -110,19 +110,22 @@ class SlotStore(SlotMemory):
             return None
         if keep:  # copied: a compiled graph's input lives in a channel buffer that the next batch overwrites
             self.kept.append((S.sample_ids_to_numpy(batch).copy(), np.array(S.features_to_numpy(batch)),
-                              S.labels_to_numpy(batch)))
+                              S.labels_to_numpy(batch), S.task_ids_to_numpy(batch)))
         confidence = self.route(S.features_to_torch(batch).to(self.device)).max(dim=1).values.cpu().numpy()
         return pa.RecordBatch.from_arrays([batch.column(S.SAMPLE_ID), pa.array(confidence)],
                                           names=[S.SAMPLE_ID, "confidence"])
 
     def take_block(self) -> pa.RecordBatch | None:
         """The batches kept since the last take, as one feature batch in stream order (None: none kept): sample ids,
-        features and labels, what the trainers read (S.labelled_block); task ids and schema metadata are not kept."""
+        features, labels (-1: none) and task ids (-1: none), what the trainers read (S.labelled_block), and each
+        row's batch (S.STREAM_BATCH, where test-then-train cuts it); schema metadata is not kept."""
         kept, self.kept = self.kept, []
         if not kept:
             return None
-        ids, feats, labels = (np.concatenate(part) for part in zip(*kept))
-        return S.feature_batch(ids, feats, labels)
+        ids, feats, labels, tasks = (np.concatenate(part) for part in zip(*kept))
+        block = S.feature_batch(ids, feats, labels, tasks)
+        runs = np.concatenate([np.full(len(k[0]), i, np.int32) for i, k in enumerate(kept)])
+        return block.append_column(S.STREAM_BATCH, pa.array(runs))
 
     def memory_state(self) -> dict[str, np.ndarray]:
         return self.router.state()

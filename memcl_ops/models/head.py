@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from memcl_ops.tensors import best_class
+
 
 class GrowingLinearHead(nn.Module):
     """Column j scores global class `classes[j]`; columns are appended in order of first appearance.
@@ -54,9 +56,12 @@ class GrowingLinearHead(nn.Module):
     @torch.no_grad()
     def predict(self, h: torch.Tensor) -> np.ndarray:
         """Global class ids of the highest logit (-1 if the head has no class yet)."""
-        if not self.classes:
-            return np.full(h.shape[0], -1, dtype=np.int64)
-        return np.asarray(self.classes, dtype=np.int64)[self(h).argmax(dim=1).numpy()]
+        return self.scored(h)[0]
+
+    @torch.no_grad()
+    def scored(self, h: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """(the class of the highest logit, that logit) per row."""
+        return best_class(np.asarray(self.classes, np.int64), self(h) if self.classes else None, h.shape[0])
 
     def state(self) -> dict[str, np.ndarray]:
         return {"weight": self.weight.detach().numpy().copy(), "bias": self.bias.detach().numpy().copy(),

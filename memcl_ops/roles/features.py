@@ -4,7 +4,8 @@ The in-process learner (memcl_ops/feature_learner.py) runs it over roles in this
 (memcl_ops/roles/executor.py), so both compute the same thing.
 
 Per training batch:   slots.route_batch (applies the previous batch's expansions first) -> monitor.observe
-Per round:            slots.expand (the last batch's) -> stage1.train -> slots.load_trained
+Per round:            slots.expand (the last batch's) -> stage2.prequential (test-then-train: the round's batches
+                      predicted by the model as it stands) -> stage1.train -> slots.load_trained
                       -> stage2.train (the head, through the trained memory) -> stage2.end_task
 Evaluation:           stage2.evaluate / stage2.predict through the memory the head was trained with.
 
@@ -23,6 +24,7 @@ from memcl_ops.analytic.ridge import StatisticsStore
 from memcl_ops.mars.router import frozen_router
 from memcl_ops.mars.slots import SlotStore
 from memcl_ops.method_config import MethodConfig
+from memcl_ops.prequential import PrequentialConfig
 from memcl_ops.roles.executor import Executor, store_call
 from memcl_ops.roles.memory_manager import MemoryManager, StoreSpec
 from memcl_ops.roles.novelty_monitor import NoveltyMonitor
@@ -34,11 +36,13 @@ RolePlan = dict[str, tuple[type, tuple[Any, ...]]]  # role -> (its class, the co
 
 
 def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int, *, merges: bool = False,
-              threads: int | None = None, device: str = "cpu", devices: Mapping[str, str] | None = None) -> RolePlan:
+              threads: int | None = None, device: str = "cpu", devices: Mapping[str, str] | None = None,
+              near_future: int = PrequentialConfig.near_future) -> RolePlan:
     """The roles a method has and how each is built. `merges`: the memory manager also merges analytic statistics
     summed elsewhere (by encoder replicas); `threads`: the torch threads of each hosting process (None: leave
     them); `device`: where routing and stage 1 compute ("auto": a GPU where the hosting process sees one);
-    `devices`: per role ("memory", "stage1"), instead of `device`."""
+    `devices`: per role ("memory", "stage1"), instead of `device`; `near_future`: the k of near-future accuracy
+    (memcl_ops/prequential.py)."""
     method = spec.resolve(config)
     on = lambda role: (devices or {}).get(role, device)  # noqa: E731
     plan: RolePlan = {}
@@ -55,7 +59,7 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
     if spec.stage1:
         plan["stage1"] = (Stage1Trainer, (feature_dim, method.router, method.stage1, seed, threads, on("stage1")))
     memory = partial(frozen_router, feature_dim, method.router) if spec.memory else None
-    plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads, memory))
+    plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads, memory, near_future))
     return plan
 
 
@@ -89,12 +93,14 @@ class FeatureFlow:
         """Stage 1, then the head (stage 2) and its task-end snapshot, on one round's block of feature batches.
         `partials`: analytic statistics summed elsewhere, merged by the memory manager and solved from;
         `progress`: where the trainers report epochs; `wait`: how a trainer's call is waited for (default `get`).
-        Returns (the head's report, seconds of stage 1 and of stage 2)."""
+        Returns ({"stage2": the head's report, "prequential": the round's test-then-train predictions (an Arrow
+        table, memcl_ops/prequential.py)}, seconds of stage 1 and of stage 2)."""
         x, wait = self.x, wait or self.x.get
         t0 = time.perf_counter()
         pending = self.end_stream()
         if pending is not None:
             x.get(pending)
+        predictions = x.call("stage2", "prequential", *block)  # before the memory or the head learns the round
         if self.spec.stage1:
             trained = x.call("stage1", "train", store_call(x, "slots", "memory_state"), *block, progress=progress)
             wait(trained)
@@ -107,7 +113,8 @@ class FeatureFlow:
         else:
             report = wait(x.call("stage2", "train", memory, *block, progress=progress))
         x.get(x.call("stage2", "end_task"))
-        return {"stage2": report}, {"stage1": t1 - t0, "stage2": time.perf_counter() - t1}
+        return ({"stage2": report, "prequential": x.get(predictions)},
+                {"stage1": t1 - t0, "stage2": time.perf_counter() - t1})
 
     def evaluate(self, features: Any) -> Any:
         """(correct, total) on one labelled feature batch."""

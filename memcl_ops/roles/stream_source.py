@@ -15,16 +15,22 @@ from memcl_ops.data.streams import StreamSpec
 
 
 class StreamSource:
-    def __init__(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None):
+    """`unlabelled`: training rows without a label pass the gate (a learner that predicts them and learns only the
+    labelled rows: the "features" family); otherwise they are refused as `missing_label`. Test rows always need
+    one."""
+
+    def __init__(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None, unlabelled: bool = False):
         # Data that cannot be read is the user's error: kept and raised by describe(), the runner's first call,
         # because a method's exception reaches the driver as itself, a constructor's only as a log and a text.
         self.unreadable: Exception | None = None
         try:
-            self.reset(source, stream, max_batch_rows)
+            self.reset(source, stream, max_batch_rows, unlabelled)
         except (ValueError, OSError, DatasetUnavailable) as err:
             self.unreadable = err
 
-    def reset(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None) -> None:
+    def reset(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None,
+              unlabelled: bool = False) -> None:
+        self.unlabelled = unlabelled
         self.unreadable = None
         if getattr(self, "args", None) != (source, stream):  # keep a loaded dataset when nothing changed
             self.args = None
@@ -41,13 +47,13 @@ class StreamSource:
             raise self.unreadable
         return self.info
 
-    def contract(self) -> S.Contract:
+    def contract(self, split: str = "train") -> S.Contract:
         """What the learner accepts: the stream's labels, and its feature dim or raw payload."""
         features = self.info.feature_dim is not None  # raw streams get it once the feature cache filled them
         return S.Contract(feature_dim=self.info.feature_dim if features else None,
                           payload=None if features else self.info.payload,
                           known_labels=frozenset(self.info.labels) if self.info.labels is not None else None,
-                          max_rows=self.max_batch_rows, require_labels=True)
+                          max_rows=self.max_batch_rows, require_labels=split == "test" or not self.unlabelled)
 
     def needed_rows(self, split: str) -> np.ndarray:
         return self.stream.needed_rows(split)
@@ -83,7 +89,7 @@ class StreamSource:
             return self._gated(self.stream.test_batch(task, index, after_visit), "test", task, index)
 
     def _gated(self, batch: pa.RecordBatch, split: str, key: int, index: int) -> tuple[pa.RecordBatch | None, pa.Table]:
-        good, dead = gate(batch, self.contract())
+        good, dead = gate(batch, self.contract(split))
         return good, with_origin(dead, split, *self.stream.origin(split, key, index)) if dead.num_rows else dead
 
     def visit_tasks(self, visit: int) -> list[int]:

@@ -54,6 +54,8 @@ def test_compiled_chain_gives_the_classic_run(actors, tmp_path, case):
         assert classic["slots"]["history"][-1][1] > classic["slots"]["history"][0][1]
     assert compiled["samples"] == classic["samples"]
     assert compiled["memory_bytes"] == classic["memory_bytes"]
+    # test-then-train, batch by batch (the compiled chain's block keeps where each batch begins)
+    assert compiled["prequential"] == classic["prequential"] and classic["prequential"]["rows"]
 
 
 def test_batches_larger_than_rays_default_channel_end_the_run(actors, tmp_path):

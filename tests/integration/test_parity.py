@@ -75,6 +75,7 @@ def in_process(config):
     schedule = Schedule(config.stream.task_free, rounds, config.runtime.evaluate_every, config.runtime.evaluate_window)
     run = stream_in_process(learner, source, schedule, every)
     report = {k: v for k, v in learner.flow.memory_report().items() if k != "num_slots"}
+    report["prequential"] = run.prequential(config.runtime.prequential)
     return run.matrix, report, np.sort(learner.roles["stage2"].learned_ids()), run.refused_ids
 
 
@@ -95,6 +96,9 @@ def test_in_process_and_actor_pipeline_compute_the_same_run(actors, one_torch_th
     result = runner.run(config, actors=actors)
     metrics = result.metrics
     np.testing.assert_array_equal(np.array(metrics["acc_matrix"], dtype=float), matrix)
+    # test-then-train: every training row predicted before it was learned, the same way in both
+    assert metrics["prequential"] == report.pop("prequential")
+    assert metrics["prequential"]["rows"] == len(learned)
     assert metrics["memory_bytes"] == report
     # every evaluation reads its test rows again: the run keeps and counts each refused row once
     distinct = np.unique(refused)
@@ -115,6 +119,9 @@ def test_the_compiled_graph_computes_what_the_in_process_learner_does(actors, on
     matrix, report, learned, _ = in_process(config)
     metrics = runner.run(config, actors=actors).metrics
     np.testing.assert_array_equal(np.array(metrics["acc_matrix"], dtype=float), matrix)
+    # test-then-train: every training row predicted before it was learned, the same way in both
+    assert metrics["prequential"] == report.pop("prequential")
+    assert metrics["prequential"]["rows"] == len(learned)
     assert metrics["memory_bytes"] == report and metrics["samples"]["learned"] == len(learned)
 
 
