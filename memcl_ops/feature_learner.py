@@ -7,8 +7,9 @@ objects: what `memcl run` computes, without Ray.
 * `consolidate`: the block's batches predicted by the head as it stands (test-then-train, returned as the report's
   "prequential" table), then DCDA stage 1 on the block, then the head and its task-end snapshot.
 
-`device`: where the slot memory routes and DCDA stage 1 trains (benchmarks/gpu_check.py); the head stays on the
-CPU, as stage 2 and the teacher snapshots (memcl_ops/mars/dcda.py) build their tensors there.
+`near_future`: the k of near-future accuracy (memcl_ops/prequential.py). `device`: where the slot memory routes
+and DCDA stage 1 train (benchmarks/gpu_check.py); the head stays on the CPU, as stage 2 and the teacher snapshots
+(memcl_ops/mars/dcda.py) build their tensors there.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow as pa
 
 from memcl_ops.learner import Round
 from memcl_ops.method_config import MethodConfig
+from memcl_ops.prequential import PrequentialConfig
 from memcl_ops.roles.executor import InProcess
 from memcl_ops.roles.features import FeatureFlow, role_plan
 from memcl_ops.spec import MethodSpec
@@ -25,10 +27,11 @@ from memcl_ops.tensors import array_bytes, prefixed, state_part
 
 
 class FeatureLearner:
-    def __init__(self, spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int = 0, device: str = "cpu"):
+    def __init__(self, spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int = 0, device: str = "cpu",
+                 near_future: int = PrequentialConfig.near_future):
         self.tags = spec.tags
         self.roles = {name: cls(*args) for name, (cls, args) in
-                      role_plan(spec, config, feature_dim, seed, device=device).items()}
+                      role_plan(spec, config, feature_dim, seed, device=device, near_future=near_future).items()}
         self.flow = FeatureFlow(InProcess(self.roles), spec, config)
         self.block: list[pa.RecordBatch] = []  # the round's batches, learned at `consolidate`
 

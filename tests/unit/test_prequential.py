@@ -1,0 +1,165 @@
+"""Test-then-train (memcl_ops/prequential.py): every training batch predicted before it is learned, near-future
+accuracy from the model k batches back, the blind baseline, and the headline of a stream whose tasks return."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from memcl.pipeline import loop
+from memcl_ops.arrow import schema as S
+from memcl_ops.baselines.heads import BlindConfig, NearestMeanHead
+from memcl_ops.data.sources import StreamInfo
+from memcl_ops.feature_learner import FeatureLearner
+from memcl_ops.learner import Round
+from memcl_ops.method_config import MethodConfig
+from memcl_ops.methods import method_spec
+from memcl_ops.prequential import PREDICTIONS, PrequentialConfig, Tally
+
+DIM = 6
+
+
+def learner(name: str, near_future: int, **method) -> FeatureLearner:
+    return FeatureLearner(method_spec(name), MethodConfig(name=name, **method), DIM, near_future=near_future)
+
+
+def stream_rounds(model: FeatureLearner, rounds: list[list[pa.RecordBatch]], first: int = 0) -> list[pa.Table]:
+    """Each round's test-then-train predictions."""
+    out = []
+    for r, batches in enumerate(rounds[first:], start=first):
+        model.begin_round(Round(r, None, None))
+        for batch in batches:
+            model.observe(batch)
+        out.append(model.consolidate()["prequential"])
+    return out
+
+
+def gaussian_rounds(seed: int, rounds: int, per_round: int, rows: int = 8, classes: int = 4) -> list:
+    rng = np.random.default_rng(seed)
+    means = rng.normal(scale=3.0, size=(classes, DIM))
+    out, next_id = [], 0
+    for _ in range(rounds):
+        batches = []
+        for _ in range(per_round):
+            y = rng.integers(classes, size=rows)
+            batches.append(S.feature_batch(np.arange(next_id, next_id + rows), means[y] + rng.normal(size=(rows, DIM)),
+                                           y, np.zeros(rows, np.int64)))
+            next_id += rows
+        out.append(batches)
+    return out
+
+
+def test_every_batch_is_predicted_by_the_model_as_it_stood_and_near_future_by_the_model_k_batches_back():
+    """Rounds of 2 batches, k = 3: batch j's prediction is the model of j's round (what the rounds before it
+    taught), its near-future prediction the model that predicted batch j - 2. Computed here from a nearest-mean
+    head refitted by hand; a learner restored mid-stream continues with the same predictions."""
+    rounds = gaussian_rounds(0, rounds=7, per_round=2)
+    k, per_round = 3, 2
+    tables = stream_rounds(learner("simplecil", k), rounds)
+    batches = [b for r in rounds for b in r]
+
+    def version(v: int) -> NearestMeanHead:  # the head after v rounds
+        head = NearestMeanHead(DIM)
+        for b in batches[:v * per_round]:
+            head.fit(S.features_to_torch(b), torch.from_numpy(S.labels_to_numpy(b)), None)
+        return head
+
+    got = pa.concat_tables(tables)
+    assert got.schema == PREDICTIONS and got.num_rows == sum(b.num_rows for b in batches)
+    offset = 0
+    for j, b in enumerate(batches):
+        x = S.features_to_torch(b)
+        rows = got.slice(offset, b.num_rows)
+        offset += b.num_rows
+        model_round = j // per_round
+        np.testing.assert_array_equal(rows.column("prediction").to_numpy(), version(model_round).predict(x, None))
+        assert set(rows.column("model_version").to_pylist()) == {model_round}
+        older = max(j - k + 1, 0) // per_round
+        np.testing.assert_array_equal(rows.column("near_future").to_numpy(), version(older).predict(x, None))
+    assert (got.column("prediction").to_numpy() != got.column("near_future").to_numpy()).any()
+
+    first = learner("simplecil", k)
+    stream_rounds(first, rounds[:3])
+    resumed = learner("simplecil", k)
+    resumed.restore(first.state())
+    for a, b in zip(stream_rounds(resumed, rounds, first=3), tables[3:], strict=True):
+        assert a.equals(b)
+
+
+def labelled_in_runs(seed: int, batches: int, run: int, classes: int, rows: int = 10) -> list[pa.RecordBatch]:
+    """Batches whose rows all carry one label, the same label for `run` batches in a row, each run's label drawn
+    afresh; the features are noise (nothing to learn from the input)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for j in range(batches):
+        if j % run == 0:
+            label = int(rng.integers(classes))
+        out.append(S.feature_batch(np.arange(j * rows, (j + 1) * rows), rng.normal(size=(rows, DIM)),
+                                   np.full(rows, label), np.zeros(rows, np.int64)))
+    return out
+
+
+def test_the_blind_baseline_scores_high_on_the_next_batch_and_at_chance_on_the_near_future():
+    """Labels in runs of 3 batches over 5 classes: the blind classifier (the last batch's labels) is right on 2 of
+    every 3 batches, and near-future accuracy (k = 4, past the runs) is at chance, 1/5, over 40 seeded streams."""
+    classes, run = 5, 3
+    next_batch, near = [], []
+    for seed in range(40):
+        batches = labelled_in_runs(seed, 150, run, classes)
+        rounds = [batches[a:a + 4] for a in range(0, len(batches), 4)]
+        tally = Tally()
+        for table in stream_rounds(learner("blind", 4, blind=BlindConfig(window=10)), rounds):
+            tally.add(table, window=100)
+        report = tally.report(PrequentialConfig(window=100, near_future=4))
+        next_batch.append(report["accuracy"])
+        near.append(report["near_future_accuracy"])
+    chance = 1 / classes
+    expected = (run - 1) / run + chance / run  # a run's first batch is right only by chance
+    assert np.mean(next_batch) == pytest.approx(expected, abs=0.03)
+    assert np.mean(near) == pytest.approx(chance, abs=0.03)
+    # the methods that read the input are not fooled: a nearest mean learns nothing from noise either way
+    tally = Tally()
+    for table in stream_rounds(learner("simplecil", 4), [labelled_in_runs(0, 150, run, classes)[a:a + 4]
+                                                         for a in range(0, 150, 4)]):
+        tally.add(table, window=100)
+    assert tally.accuracy < 0.5 * expected
+
+
+def test_the_tally_counts_by_hand():
+    table = pa.Table.from_pydict({
+        S.SAMPLE_ID: [1, 2, 3, 4, 5, 6], S.TASK_ID: [0, 0, 1, 1, None, 1], S.LABEL: [3, 4, None, 5, 6, None],
+        "prediction": [3, 1, 2, 5, 6, 0], "score": [1.0] * 6, "near_future": [3, 4, 2, 0, 0, 0],
+        "model_version": [0] * 6}, schema=PREDICTIONS)
+    tally = Tally()
+    tally.add(table, window=2)
+    report = tally.report(PrequentialConfig(window=2, near_future=3))
+    # labelled rows 1, 2, 4, 5: right 1, 4, 5; near-future right 1, 2
+    assert (report["rows"], report["accuracy"], report["near_future_accuracy"]) == (4, 0.75, 0.5)
+    assert report["window_accuracy"] == 1.0  # the last two labelled rows (4 and 5) were right
+    assert report["per_task"] == {"0": 0.5, "1": 1.0}  # row 5 has no task: counted overall only
+    assert report["predicted_unlabelled"] == 2
+    tally.add(None, window=2)
+    assert [p["rows"] for p in tally.report(PrequentialConfig())["curve"]] == [4, 4]
+
+
+def info(visits: list[int], tasks: int) -> StreamInfo:
+    return StreamInfo("s", "features", [[2 * t, 2 * t + 1] for t in range(tasks)], visits, [1] * len(visits),
+                      [1] * tasks, len(visits), None, "f")
+
+
+def test_the_headline_is_the_model_at_the_end_of_the_stream_when_a_task_returns():
+    """Task 0 returns (its labels changed) and is relearned: the headline reads the last row, the first pass the
+    row after task 1's first visit; with no return both are the same numbers."""
+    acc = np.array([[0.9, np.nan], [0.8, 0.9], [0.95, 0.7]])
+    pipe = SimpleNamespace(task_free=False, info=info([0, 1, 0], 2))
+    headline = loop.summary(pipe, loop.RunState(), acc)
+    first = loop.first_pass(pipe.info, acc)
+    assert headline["a_last"] == pytest.approx((0.95 + 0.7) / 2) and first["a_last"] == pytest.approx(0.85)
+    # from each task's row after its first visit to the end: task 0 0.9 -> 0.95, task 1 0.9 -> 0.7
+    assert headline["bwt"] == pytest.approx((0.05 - 0.2) / 2) and first["bwt"] == pytest.approx(-0.1)
+    assert headline["forgetting"] == pytest.approx((-0.05 + 0.2) / 2) and first["forgetting"] == pytest.approx(0.1)
+    assert headline["a_mean"] == pytest.approx((0.9 + 0.85 + 0.825) / 3)
+    once = SimpleNamespace(task_free=False, info=info([0, 1], 2))
+    assert loop.summary(once, loop.RunState(), acc[:2]) == loop.first_pass(once.info, acc[:2])
