@@ -34,8 +34,9 @@ from memcl.pipeline.suites import Suite, suite
 from memcl_ops.methods import METHODS, family_methods, method_spec
 
 TRAIN_PHASES = ("stream", "stage1", "stage2")  # wall-clock phases that make up "train time"
-METRICS = ("a_last", "a_mean", "forgetting", "bwt")
-HEADERS = {"a_last": "A_last", "a_mean": "Ā", "forgetting": "forgetting", "bwt": "BWT"}
+METRICS = ("a_last", "a_mean", "forgetting", "bwt", "prequential", "near_future")
+HEADERS = {"a_last": "A_last", "a_mean": "Ā", "forgetting": "forgetting", "bwt": "BWT", "prequential": "preq.",
+           "near_future": "near-future"}
 
 
 def suite_methods(chosen: Suite, config: RunConfig, methods: list[str] | None = None) -> list[str]:
@@ -61,7 +62,10 @@ class RunRow:
     @classmethod
     def of(cls, metrics: dict) -> RunRow:
         wall = metrics["wall_seconds"]
-        return cls(metrics["method"], metrics["seed"], metrics["summary"],
+        prequential = metrics.get("prequential") or {}
+        online = {"prequential": prequential.get("accuracy"), "near_future": prequential.get("near_future_accuracy")}
+        return cls(metrics["method"], metrics["seed"],
+                   {**metrics["summary"], **{k: np.nan if v is None else v for k, v in online.items()}},
                    [float(np.nanmean(row)) if not np.isnan(row).all() else np.nan
                     for row in np.array(metrics["acc_matrix"], dtype=float)],
                    sum(wall.get(k, 0.0) for k in TRAIN_PHASES), int(sum(metrics["memory_bytes"].values())),
@@ -74,7 +78,7 @@ def read_runs(folder: Path) -> list[RunRow]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no bench results to render (run `memcl bench` first)")
     with open(path, newline="") as f:
-        return [RunRow(r["method"], int(r["seed"]), {m: float(r[m]) for m in METRICS},
+        return [RunRow(r["method"], int(r["seed"]), {m: float(r.get(m, "nan")) for m in METRICS},
                        [float(v) for v in r["curve"].split()], float(r["train_seconds"]), int(r["memory_bytes"]),
                        r["run_dir"]) for r in csv.DictReader(f)]
 
@@ -176,7 +180,7 @@ def aggregate(rows: list[RunRow]) -> dict[str, dict]:
     for method in dict.fromkeys(r.method for r in rows):
         mine = [r for r in rows if r.method == method]
         out[method] = {
-            **{m: _mean_std([r.summary[m] for r in mine]) for m in METRICS},
+            **{m: _mean_std([r.summary.get(m, np.nan) for r in mine]) for m in METRICS},
             "train_seconds": _mean_std([r.train_seconds for r in mine]),
             "memory_bytes": _mean_std([r.memory_bytes for r in mine]),
             "seeds": len(mine),
@@ -209,6 +213,12 @@ def verdict_lines(table: dict[str, dict]) -> list[str]:
         gap = 100 * (table["mars"]["a_last"][0] - table[baselines[0]]["a_last"][0])
         lines.append(f"- mars is {ranked.index('mars') + 1} of {len(ranked)}; {gap:+.2f} points against the best "
                      f"baseline ({baselines[0]})")
+    online = [m for m in table if not np.isnan(table[m]["prequential"][0])]
+    if online:
+        by = lambda key: max(online, key=lambda m: table[m][key][0])  # noqa: E731
+        lines.append(f"- test-then-train: best prequential {by('prequential')} "
+                     f"({100 * table[by('prequential')]['prequential'][0]:.2f}), best near-future {by('near_future')} "
+                     f"({100 * table[by('near_future')]['near_future'][0]:.2f})")
     lines.append("- every trained head starts a new class at its prototype (memcl's default); the literature's "
                  "versions start it at zero: --set method.stage2.new_class_init=zero")
     return lines
@@ -217,9 +227,13 @@ def verdict_lines(table: dict[str, dict]) -> list[str]:
 def markdown(chosen: Suite, table: dict[str, dict], seeds: int) -> str:
     """The suite's table, best mean A_last first; ± std only where 2 seeds or more give one."""
     def cell(m: tuple[float, float]) -> str:
+        if np.isnan(m[0]):
+            return "-"
         return f"{100 * m[0]:.2f} ± {100 * m[1]:.2f}" if seeds > 1 else f"{100 * m[0]:.2f}"
 
     spread = f"Mean ± std over {seeds} seeds" if seeds > 1 else "One seed (no spread: --seeds 3 gives mean ± std)"
+    spread += ("; preq. and near-future: test-then-train accuracy on the training stream (docs/methods.md, "
+               "\"Prequential accuracy\")")
     lines = [f"### {chosen.name}", "", f"{chosen.summary}. {spread}; best A_last first.", "",
              "| method | role | " + " | ".join(HEADERS[m] for m in METRICS) + " | train s | memory bytes |",
              "|---|---|" + "---|" * (len(METRICS) + 2)]
@@ -249,7 +263,7 @@ def write_results(folder: Path, chosen: Suite, rows: list[RunRow], seeds: int) -
         writer = csv.writer(f)
         writer.writerow(["method", "seed", *METRICS, "train_seconds", "memory_bytes", "curve", "run_dir"])
         for r in rows:
-            writer.writerow([r.method, r.seed, *[f"{r.summary[m]:.6f}" for m in METRICS], f"{r.train_seconds:.3f}",
+            writer.writerow([r.method, r.seed, *[f"{r.summary.get(m, np.nan):.6f}" for m in METRICS], f"{r.train_seconds:.3f}",
                              r.memory_bytes, " ".join(f"{v:.4f}" for v in r.curve), r.run_dir])
     plot_curves(chosen, table, paths["curves"])
     return paths

@@ -26,6 +26,8 @@ def render(run_dir: Path, metrics: dict) -> None:
     write_matrix(run_dir, metrics)
     if "slots" in metrics:  # the "features" family's slot memory
         _slots(metrics, run_dir / "slots.png")
+    if (metrics.get("prequential") or {}).get("rows"):
+        _prequential(metrics, run_dir / "prequential.png")
 
 
 def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
@@ -103,6 +105,27 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     accuracy_axis(ax, acc)
     ax.set_title(_title(metrics), fontsize=9)
     ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _prequential(metrics: dict, path: Path) -> None:
+    """Test-then-train accuracy over the stream: overall so far and over the last `window` rows, after each round."""
+    prequential = metrics["prequential"]
+    curve = [p for p in prequential["curve"] if p["accuracy"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    rows = [p["rows"] for p in curve]
+    overall, window = [p["accuracy"] for p in curve], [p["window"] for p in curve]
+    ax.plot(rows, overall, "k-", lw=2, label="prequential, so far")
+    ax.plot(rows, window, "-", lw=1.2, label=f"last {prequential['window']} rows")
+    ax.set_xlabel("labelled training rows predicted")
+    ax.set_ylabel("test-then-train accuracy")
+    accuracy_axis(ax, np.array(overall + window))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+    ax.set_title(f"{_title(metrics)}; near-future (k={prequential['near_future']}) "
+                 f"{100 * prequential['near_future_accuracy']:.1f}", fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

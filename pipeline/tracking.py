@@ -1,6 +1,6 @@
 """TensorBoard event files for a run (`runtime.tensorboard: true`), written by TensorBoard's own writer through
-`torch.utils.tensorboard` into `<run folder>/tensorboard/`: accuracy per round, losses per epoch, slots, memory
-bytes and stream throughput as the run goes, the summary metrics at its end. `tensorboard --logdir runs` shows them."""
+`torch.utils.tensorboard` into `<run folder>/tensorboard/`: accuracy per round, test-then-train accuracy, losses per
+epoch, slots, memory bytes and stream throughput as the run goes, the summary metrics at its end. `tensorboard --logdir runs` shows them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ class TensorBoardLog:
         entry = state.round_log[-1]
         step = entry["round"] + 1
         add = self.writer.add_scalar
+        for point in state.prequential["curve"][-1:]:  # test-then-train so far (features family)
+            if point["accuracy"] is not None:
+                add("prequential/accuracy", point["accuracy"], step)
+                add("prequential/window", point["window"], step)
         for task, accuracy in entry["accuracy"].items():
             add(f"accuracy/task{task}", accuracy, step)
         if entry["mean_evaluated"] is not None:
@@ -39,4 +43,7 @@ class TensorBoardLog:
         step = len(metrics["round_log"])
         for key, value in (metrics.get("summary") or {}).items():
             self.writer.add_scalar(f"summary/{key}", value, step)
+        prequential = metrics.get("prequential") or {}
+        if prequential.get("near_future_accuracy") is not None:
+            self.writer.add_scalar("prequential/near_future", prequential["near_future_accuracy"], step)
         self.writer.close()

@@ -38,3 +38,6 @@ def test_event_files_hold_the_runs_scalars(actors, tmp_path):
     assert steps("loss/stage1") == list(range(1, tasks * epochs1 + 1))  # every epoch, in order
     assert len(values("loss/stage2")) == tasks * epochs2 and all(v > 0 for v in values("loss/stage2"))
     assert values("slots") == [r["memory"]["num_slots"] for r in metrics["round_log"]]
+    curve = metrics["prequential"]["curve"]
+    assert values("prequential/accuracy") == pytest.approx([p["accuracy"] for p in curve])
+    assert values("prequential/near_future") == pytest.approx([metrics["prequential"]["near_future_accuracy"]])
