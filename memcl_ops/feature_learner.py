@@ -33,7 +33,8 @@ class FeatureLearner:
         self.roles = {name: cls(*args) for name, (cls, args) in
                       role_plan(spec, config, feature_dim, seed, device=device, near_future=near_future).items()}
         self.flow = FeatureFlow(InProcess(self.roles), spec, config)
-        self.block: list[pa.RecordBatch] = []  # the round's batches, learned at `consolidate`
+        self.block: list[pa.RecordBatch] = []  # the round's batches, predicted and learned at `consolidate`
+        self.learned: list[bool] = []  # per batch of the block: taken (`observe`) or only watched (`watch`)
 
     def begin_round(self, round: Round) -> None:
         del round  # the roles need no boundary: a round is whatever lies between two consolidations
@@ -41,10 +42,16 @@ class FeatureLearner:
     def observe(self, batch: pa.RecordBatch) -> None:
         self.flow.learn_batch(batch)
         self.block.append(batch)
+        self.learned.append(True)
+
+    def watch(self, batch: pa.RecordBatch) -> None:
+        """A batch the learner cannot take (a stream that does not wait): predicted at `consolidate`, not learned."""
+        self.block.append(batch)
+        self.learned.append(False)
 
     def consolidate(self) -> dict[str, object]:
-        block, self.block = self.block, []
-        report, _ = self.flow.consolidate(block)
+        (block, self.block), (learned, self.learned) = (self.block, []), (self.learned, [])
+        report, _ = self.flow.consolidate(block, learned=learned)
         return {**report["stage2"], "prequential": report["prequential"]}
 
     def predict(self, batch: pa.RecordBatch) -> np.ndarray:
@@ -57,7 +64,7 @@ class FeatureLearner:
         return {k: v for name, role in self.roles.items() for k, v in prefixed(name, role.state()).items()}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.block, self.flow.expansions = [], None
+        self.block, self.learned, self.flow.expansions = [], [], None
         for name, role in self.roles.items():
             role.restore(state_part(state, name))
 

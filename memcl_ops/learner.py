@@ -36,6 +36,9 @@ class StreamLearner(Protocol):
 
     def observe(self, batch: pa.RecordBatch) -> None: ...
 
+    # a batch the learner cannot take (a stream that did not wait, memcl_ops/realtime.py): predicted, never learned
+    def watch(self, batch: pa.RecordBatch) -> None: ...
+
     # the round's report; a learner that predicts every training batch before learning it (test-then-train) puts
     # those predictions in it as "prequential" (an Arrow table, memcl_ops/prequential.py)
     def consolidate(self) -> dict[str, object]: ...

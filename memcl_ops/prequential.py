@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memcl_ops.arrow import schema as S
 
@@ -32,6 +33,7 @@ PREDICTIONS = pa.schema([
     pa.field("score", pa.float32(), nullable=False),  # the head's own score of its prediction (not a probability)
     pa.field("near_future", pa.int64(), nullable=False),  # the prediction of the model k batches back
     pa.field("model_version", pa.int32(), nullable=False),  # rounds consolidated into the model that predicted
+    pa.field("learned", pa.bool_(), nullable=False),  # false: skipped (a stream that did not wait), or unlabelled
 ])
 
 
@@ -48,16 +50,17 @@ class PrequentialConfig:
 
 
 def prediction_table(batch: pa.RecordBatch, prediction: np.ndarray, score: np.ndarray, near_future: np.ndarray,
-                     version: int) -> pa.Table:
+                     version: int, learned: bool = True) -> pa.Table:
     """One batch's predictions, as `PREDICTIONS` (a label of -1, what the block of a compiled chain keeps for a null
-    label, is written null)."""
+    label, is written null); `learned`: whether the learner took the batch."""
     labels = S.labels_to_numpy(batch)
     tasks = S.task_ids_to_numpy(batch)
     return pa.Table.from_arrays(
         [pa.array(S.sample_ids_to_numpy(batch), pa.int64()),
          pa.array(tasks, pa.int32(), mask=tasks < 0), pa.array(labels, pa.int32(), mask=labels < 0),
          pa.array(np.asarray(prediction, np.int64)), pa.array(np.asarray(score, np.float32)),
-         pa.array(np.asarray(near_future, np.int64)), pa.array(np.full(len(labels), version, np.int32))],
+         pa.array(np.asarray(near_future, np.int64)), pa.array(np.full(len(labels), version, np.int32)),
+         pa.array((labels >= 0) & learned)],
         schema=PREDICTIONS)
 
 
@@ -80,12 +83,14 @@ class Tally:
     recent: list[int] = field(default_factory=list)  # the last `window` rows: 1 right, 0 wrong
     curve: list[dict] = field(default_factory=list)  # after each round: rows so far, overall and window accuracy
     predicted_unlabelled: int = 0
+    skipped: int = 0  # labelled rows the learner could not take (a stream that did not wait): predicted only
 
     def add(self, table: pa.Table | None, window: int) -> None:
         """Fold one round's predictions in (call once per committed round, even with None: the curve gets a point)."""
         if table is not None and table.num_rows:
             self.predicted_unlabelled += unlabelled(table).num_rows
             rows = labelled(table)
+            self.skipped += rows.num_rows - int(pc.sum(rows.column("learned")).as_py() or 0)
             label = rows.column(S.LABEL).to_numpy().astype(np.int64)
             right = rows.column("prediction").to_numpy() == label
             self.rows += len(label)
@@ -114,4 +119,4 @@ class Tally:
                 "near_future_accuracy": self.near_future_correct / self.rows if self.rows else None,
                 "near_future": config.near_future, "rows": self.rows,
                 "per_task": {t: c / n for t, (c, n) in sorted(self.per_task.items(), key=lambda kv: int(kv[0]))},
-                "predicted_unlabelled": self.predicted_unlabelled, "curve": self.curve}
+                "predicted_unlabelled": self.predicted_unlabelled, "skipped": self.skipped, "curve": self.curve}

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.learner import Round, StreamLearner
 from memcl_ops.prequential import PrequentialConfig, Tally
+from memcl_ops.realtime import RealtimeConfig, StreamClock
 from memcl_ops.roles.stream_source import StreamSource
 
 RoundBatches = list[tuple[int, int]]  # the (visit, batch index) pairs of one round
@@ -111,22 +113,30 @@ class InProcessRun:
         return np.sort(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
 
 
-def stream_in_process(learner: StreamLearner, source: StreamSource, schedule: Schedule, every: int = 0
-                      ) -> InProcessRun:
+def stream_in_process(learner: StreamLearner, source: StreamSource, schedule: Schedule, every: int = 0,
+                      clock: StreamClock | None = None, realtime: RealtimeConfig | None = None) -> InProcessRun:
     """Stream `source` through `learner` in this process, round by round, with the runner's rounds and evaluation
-    points: the in-process executor of a run (`memcl run` is the actor one). `every`: batches per task-free round."""
+    points: the in-process executor of a run (`memcl run` is the actor one). `every`: batches per task-free round;
+    `clock` and `realtime`: a stream that does not wait (memcl_ops/realtime.py), the learner `watch`ing each batch
+    that arrives while it is busy."""
     info = source.describe()
     out, seen = InProcessRun(), []
+    offsets = np.cumsum([0, *info.visit_batches])
     for r, batches in enumerate(plan_rounds(info, schedule.task_free, every)):
         visits = sorted({v for v, _ in batches})
         task = None if schedule.task_free else int(info.visits[visits[0]])
         learner.begin_round(Round(r, task, None if task is None else tuple(info.task_classes[task])))
+        started, learned = time.perf_counter(), 0
         for v, i in batches:
+            takes = clock is None or clock.admit(int(offsets[v] + i), realtime.rate)
+            learned += takes
             batch, refused = source.train_batch(v, i)
             out.refused.append(refused)
             if batch is not None:
-                learner.observe(batch)
+                (learner.observe if takes else learner.watch)(batch)
         report = learner.consolidate()
+        if clock is not None and realtime.mode == "wall":
+            clock.measured(time.perf_counter() - started, learned)
         if "prequential" in report:
             out.predictions.append(report.pop("prequential"))
         out.reports.append(report)

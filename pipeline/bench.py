@@ -263,8 +263,9 @@ def write_results(folder: Path, chosen: Suite, rows: list[RunRow], seeds: int) -
         writer = csv.writer(f)
         writer.writerow(["method", "seed", *METRICS, "train_seconds", "memory_bytes", "curve", "run_dir"])
         for r in rows:
-            writer.writerow([r.method, r.seed, *[f"{r.summary.get(m, np.nan):.6f}" for m in METRICS], f"{r.train_seconds:.3f}",
-                             r.memory_bytes, " ".join(f"{v:.4f}" for v in r.curve), r.run_dir])
+            writer.writerow([r.method, r.seed, *[f"{r.summary.get(m, np.nan):.6f}" for m in METRICS],
+                             f"{r.train_seconds:.3f}", r.memory_bytes, " ".join(f"{v:.4f}" for v in r.curve),
+                             r.run_dir])
     plot_curves(chosen, table, paths["curves"])
     return paths
 

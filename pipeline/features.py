@@ -15,6 +15,7 @@ the visits the round ended (task-free: at every evaluation point). Only the role
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -38,6 +39,7 @@ from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensur
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
+from memcl_ops.realtime import StreamClock, start_clock
 from memcl_ops.roles.features import FeatureFlow, role_plan
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds, seen_after
 from memcl_ops.spec import MethodSpec
@@ -64,6 +66,7 @@ class FeaturePipeline:
             info = ray.get(actors.handle("source").describe.remote())
             info.feature_dim = info.feature_dim or self.encoders.dim
         self.info = info
+        self.offsets = np.cumsum([0, *info.visit_batches])  # the stream position of each visit's first batch
         self.task_free = config.stream.task_free
         self.rounds = len(self.plan())
         self.inline = self.encoders is not None and not self.features  # no feature cache: encode on the fly
@@ -119,12 +122,13 @@ class FeaturePipeline:
         tail = self.flow.learn_batch(feats)
         return feats, tail
 
-    def consolidate(self, block: list[ray.ObjectRef], reports: Reports, what: str
+    def consolidate(self, batches: list[ray.ObjectRef], learned: list[bool] | None, reports: Reports, what: str
                     ) -> tuple[dict, dict[str, float]]:
-        """DCDA stage 1 then stage 2 (or the method's head training) on one block, then the task-end snapshot;
-        the trainers' epochs are shown as `what` stage 1 / stage 2 bars. Returns (report, seconds per stage)."""
+        """The round's batches predicted, then DCDA stage 1 and stage 2 (or the method's head training) on those
+        learned, then the task-end snapshot; the trainers' epochs are shown as `what` stage 1 / stage 2 bars.
+        Returns (report, seconds per stage)."""
         partials = self.encoders.take_statistics() if self.merges else None
-        out, seconds = self.flow.consolidate(block, partials=partials, progress=reports.queue,
+        out, seconds = self.flow.consolidate(batches, learned=learned, partials=partials, progress=reports.queue,
                                              wait=lambda ref: reports.get(ref, what))
         out["epoch_losses"] = reports.take_losses()
         return out, seconds
@@ -140,14 +144,18 @@ class FeaturePipeline:
         bar = reports.progress.bar(f"{what} stream", len(batches))
         t_stream = time.perf_counter()
         letters: list[ray.ObjectRef] = []
+        clock = self.clock(state)
+        learned = None
         if rt.transport == "compiled":
             block, refused = self.stream_compiled(batches, bar, on_batch)
         else:
-            block, refused = self.stream_classic(batches, bar, letters, on_batch), []
+            (block, learned), refused = self.stream_classic(batches, bar, letters, on_batch, clock), []
         seconds = {"stream": time.perf_counter() - t_stream}
-        consolidation, trained = self.consolidate(block, reports, what)
+        consolidation, trained = self.consolidate(block, learned, reports, what)
         predictions = consolidation.pop("prequential")
         seconds.update(trained)
+        if clock is not None and self.config.stream.realtime.mode == "wall":
+            clock.measured(seconds["stream"] + trained["stage1"] + trained["stage2"], sum(learned))
 
         t_eval = time.perf_counter()
         schedule = Schedule(self.task_free, self.rounds, rt.evaluate_every, rt.evaluate_window)
@@ -162,21 +170,42 @@ class FeaturePipeline:
         refused = [t for t in [*refused, *ray.get(letters)] if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
-                            seconds, consolidation, predictions)
+                            seconds, consolidation, predictions, None if clock is None else dataclasses.asdict(clock))
 
-    def stream_classic(self, batches: RoundBatches, bar, letters: list[ray.ObjectRef], on_batch: BatchHook | None
-                       ) -> list[ray.ObjectRef]:
-        """The round's batches as actor calls (their dead letters join `letters`); returns the round's block."""
+    def clock(self, state: RunState) -> StreamClock | None:
+        """The stream's clock as the last committed round left it (a copy: only a commit moves it); None when the
+        stream waits for its learner."""
+        realtime = self.config.stream.realtime
+        if not realtime.on:
+            return None
+        if state.realtime is None:
+            return start_clock(realtime, self.spec, self.config.method)
+        return StreamClock(**state.realtime)
+
+    def stream_classic(self, batches: RoundBatches, bar, letters: list[ray.ObjectRef], on_batch: BatchHook | None,
+                       clock: StreamClock | None = None) -> tuple[list[ray.ObjectRef], list[bool]]:
+        """The round's batches as actor calls (their dead letters join `letters`); returns (the round's feature
+        batches, whether the learner took each). With a `clock`, a batch that arrives while the learner is busy is
+        fetched for its prediction and not learned."""
         in_flight = InFlight(self.config.runtime.max_in_flight, bar)
         block: list[ray.ObjectRef] = []
+        learned: list[bool] = []
+        rate = self.config.stream.realtime.rate
         for v, i in batches:
-            feats, tail = self.learn_batch(v, i, letters)
+            takes = clock is None or clock.admit(self.offsets[v] + i, rate)
+            if takes:
+                feats, tail = self.learn_batch(v, i, letters)
+            else:
+                batch, refused = self.source.train_batch.remote(v, i)
+                letters.append(refused)
+                feats = tail = self._features(batch, letters)
             block.append(feats)
+            learned.append(takes)
             if on_batch is not None:
                 on_batch(v, i)
             in_flight.add(tail)
         in_flight.drain()
-        return block
+        return block, learned
 
     def _compile(self) -> None:
         """The compiled chain over the current actors (`runtime.transport: compiled`), built during setup and again

@@ -220,6 +220,8 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
                   run_dir: Path, prequential: PrequentialConfig) -> None:
     """Fold a completed round (and the memory report read after it) into the run state and write its dead
     letters and the predictions of its unlabelled rows; calls no actor, so a commit is never half done."""
+    if outcome.clock is not None:
+        state.realtime = outcome.clock
     if outcome.predictions is not None:
         tally = Tally(**state.prequential)
         tally.add(outcome.predictions, prequential.window)
@@ -342,7 +344,9 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: Runtime
                     "refused": sum(state.refused.values()), "refused_by_reason": state.refused,
                     "refused_test": sum(state.refused_test.values()), "refused_test_by_reason": state.refused_test,
                     "refused_by_origin": state.refused_origins,
-                    "predicted_unlabelled": state.prequential["predicted_unlabelled"]},
+                    "predicted_unlabelled": state.prequential["predicted_unlabelled"],
+                    "skipped": state.prequential["skipped"]},
+        "realtime": state.realtime,
         "memory_bytes": {k: v for k, v in pipe.memory_report().items() if k != "num_slots"},
         "wall_seconds": {"total": wall, **state.wall},
         "actor_busy_seconds": {f"{actor}.{stage}": v["seconds"] for actor, stages in timings.items()

@@ -43,6 +43,12 @@ def check_run(config: RunConfig) -> MethodSpec:
         raise ConfigError(f"runtime.data_parallel: {spec.name} has no trainer that learns data-parallel (NSR's "
                           "adapter trainer does: " + ", ".join(n for n, s in METHODS.items() if s.family == "nsr")
                           + "); leave it at 1")
+    if config.stream.realtime.on and spec.family != "features":
+        raise ConfigError(f"stream.realtime: {spec.name} learns every batch it is given; a stream that does not wait "
+                          "is run for the features methods (`memcl list methods`); set stream.realtime.mode=off")
+    if config.stream.realtime.on and config.runtime.transport == "compiled":
+        raise ConfigError("stream.realtime: the compiled chain routes every batch it streams; a stream that skips "
+                          "batches runs over actor calls: set runtime.transport=actors")
     if spec.family == "nsr":
         _check_nsr(spec, config)
     return spec

@@ -76,6 +76,7 @@ class RunState:
     refused_test_rows: list[str] = field(default_factory=list)
     # the test-then-train figures so far (memcl_ops/prequential.py, Tally)
     prequential: dict = field(default_factory=lambda: dataclasses.asdict(Tally()))
+    realtime: dict | None = None  # the stream's clock (memcl_ops/realtime.py, StreamClock); None: it waits
     recoveries: int = 0  # rounds replayed after an actor fault
     elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
 
@@ -100,6 +101,7 @@ class RoundOutcome:
     # the round's training rows predicted before they were learned (memcl_ops/prequential.py, PREDICTIONS); None:
     # the family predicts none
     predictions: pa.Table | None = None
+    clock: dict | None = None  # the stream's clock after the round (memcl_ops/realtime.py); None: the stream waits
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class Samples:
     refused_test_by_reason: dict[str, int] = field(default_factory=dict)
     refused_by_origin: dict[str, int] = field(default_factory=dict)  # training and test rows per file (or stream)
     predicted_unlabelled: int = 0  # training rows without a label: predicted (predictions/), never learned
+    skipped: int = 0  # labelled training rows a stream that did not wait went past: predicted, never learned
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """TensorBoard event files for a run (`runtime.tensorboard: true`), written by TensorBoard's own writer through
 `torch.utils.tensorboard` into `<run folder>/tensorboard/`: accuracy per round, test-then-train accuracy, losses per
-epoch, slots, memory bytes and stream throughput as the run goes, the summary metrics at its end. `tensorboard --logdir runs` shows them."""
+epoch, slots, memory bytes and stream throughput as the run goes, the summary metrics at its end.
+`tensorboard --logdir runs` shows them."""
 
 from __future__ import annotations
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from memcl_ops.realtime import RealtimeConfig
+
 
 @dataclass(frozen=True)
 class StreamSpec:
@@ -37,6 +39,9 @@ class StreamSpec:
     # explicit global class ids of each task (tasks may share classes, e.g. binary topic pairs); overrides the
     # seeded split above and must list `tasks` tasks
     task_classes: tuple[tuple[int, ...], ...] | None = None
+    # the stream does not wait for its learner: batches that arrive while it is busy are predicted, not learned
+    # (memcl_ops/realtime.py; "features" methods over the actor chain)
+    realtime: RealtimeConfig = RealtimeConfig()
 
     def __post_init__(self) -> None:
         if self.tasks < 1 or self.batch_size < 1:

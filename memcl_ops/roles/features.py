@@ -88,19 +88,23 @@ class FeatureFlow:
         expansions, self.expansions = self.expansions, None
         return None if expansions is None else store_call(self.x, "slots", "expand", expansions)
 
-    def consolidate(self, block: list[Any], *, partials: list[Any] | None = None, progress: Any = None,
-                    wait: Callable[[Any], Any] | None = None) -> tuple[dict, dict[str, float]]:
-        """Stage 1, then the head (stage 2) and its task-end snapshot, on one round's block of feature batches.
-        `partials`: analytic statistics summed elsewhere, merged by the memory manager and solved from;
-        `progress`: where the trainers report epochs; `wait`: how a trainer's call is waited for (default `get`).
-        Returns ({"stage2": the head's report, "prequential": the round's test-then-train predictions (an Arrow
-        table, memcl_ops/prequential.py)}, seconds of stage 1 and of stage 2)."""
+    def consolidate(self, batches: list[Any], *, learned: list[bool] | None = None, partials: list[Any] | None = None,
+                    progress: Any = None, wait: Callable[[Any], Any] | None = None) -> tuple[dict, dict[str, float]]:
+        """Every batch of the round predicted (test-then-train), then stage 1, the head (stage 2) and its task-end
+        snapshot on the block of the batches learned. `learned`: per batch, whether the learner took it (None: all;
+        the others, skipped by a stream that did not wait, are only predicted); `partials`: analytic statistics
+        summed elsewhere, merged by the memory manager and solved from; `progress`: where the trainers report
+        epochs; `wait`: how a trainer's call is waited for (default `get`). Returns ({"stage2": the head's report,
+        "prequential": the round's predictions (an Arrow table, memcl_ops/prequential.py)}, seconds of stage 1
+        and of stage 2)."""
         x, wait = self.x, wait or self.x.get
         t0 = time.perf_counter()
         pending = self.end_stream()
         if pending is not None:
             x.get(pending)
-        predictions = x.call("stage2", "prequential", *block)  # before the memory or the head learns the round
+        # before the memory or the head learns the round
+        predictions = x.call("stage2", "prequential", *batches, learned=None if learned is None else tuple(learned))
+        block = batches if learned is None else [b for b, took in zip(batches, learned, strict=True) if took]
         if self.spec.stage1:
             trained = x.call("stage1", "train", store_call(x, "slots", "memory_state"), *block, progress=progress)
             wait(trained)

@@ -84,20 +84,23 @@ class Stage2Trainer:
             self.fits += 1
             return fit(x, y, self.memory) if len(y) else {}
 
-    def prequential(self, *block: pa.RecordBatch | None) -> pa.Table:
-        """Test-then-train: every batch of a round's block predicted by the model as it stands, before the round is
-        learned (an online head learns each batch right after predicting it), and by the model of `near_future`
-        batches back. A block of one kept batch (a compiled chain's) is cut at its `stream_batch` column."""
+    def prequential(self, *block: pa.RecordBatch | None, learned: tuple[bool, ...] | None = None) -> pa.Table:
+        """Test-then-train: every batch of a round predicted by the model as it stands, before the round is learned
+        (an online head learns each batch it takes right after predicting it), and by the model of `near_future`
+        batches back. `learned`: per element of `block`, whether the learner takes it (None: all; a stream that does
+        not wait skips some). A block of one kept batch (a compiled chain's) is cut at its `stream_batch` column."""
+        flags = learned if learned is not None else (True,) * len(block)
         with self.clock.time("prequential"):
             tables = []
-            for batch in (part for b in block if b is not None for part in S.stream_batches(b)):
+            for batch, takes in ((part, takes) for b, takes in zip(block, flags, strict=True) if b is not None
+                                 for part in S.stream_batches(b)):
                 features = S.features_to_torch(batch)
                 prediction, score = self.learner.scored(features, self.memory)
                 _, old, memory = self._model_for(self.position - self.near_future + 1)
                 near = prediction if old is self.learner else old.predict(features, memory)
-                tables.append(prediction_table(batch, prediction, score, near, self.fits))
+                tables.append(prediction_table(batch, prediction, score, near, self.fits, takes))
                 self.position += 1
-                if hasattr(self.learner, "observe"):
+                if takes and hasattr(self.learner, "observe"):
                     self._keep_version()
                     x, y, _ = S.labelled_block((batch,))
                     self.learner.observe(x, y, self.memory)

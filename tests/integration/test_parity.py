@@ -5,7 +5,9 @@ accuracy matrix, memory bytes and sample accounting on an `arrow:` folder whose 
 rows the gate refuses, and on a task-free stream; NSR's matrix, adapter and bank on such a text folder; the "lm"
 family's every answer."""
 
+import dataclasses
 import json
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -21,8 +23,9 @@ from memcl_ops.data.lm_tasks import LMStreamSpec, task_batches
 from memcl_ops.data.lm_tasks import build_stream as build_lm_stream
 from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
-from memcl_ops.methods import family_methods
+from memcl_ops.methods import family_methods, method_spec
 from memcl_ops.models.causal_lm import LMSpec
+from memcl_ops.realtime import RealtimeConfig, declared_cost, start_clock
 from memcl_ops.roles.stream_source import StreamSource
 from memcl_ops.rounds import Schedule, plan_rounds, stream_in_process
 
@@ -213,3 +216,29 @@ def test_lm_in_process_and_actor_pipeline_give_the_same_answers(actors, one_torc
                                                                     out.column(S.PREDICTION).to_pylist())})
         assert answered == asked[spec.name], spec.name
         assert metrics["runs"][spec.name]["memory_bytes"] == learner.flow.memory_report(), spec.name
+
+
+@pytest.mark.parametrize("name", ["mars", "ncm"])
+def test_a_stream_that_does_not_wait_skips_the_same_batches_in_process_and_on_actors(actors, one_torch_thread, folder,
+                                                                                    tmp_path, name):
+    """The simulated clock at a rate the method cannot keep up with: both executors skip the same batches (predicted,
+    not learned), learn the rest, and count the skipped rows."""
+    config = config_for("task-free", folder, tmp_path, name)
+    rate = 1.5 / declared_cost(method_spec(name), config.method)  # busy 1.5 arrivals a batch: it takes every other
+    config = replace(config, stream=replace(config.stream, realtime=RealtimeConfig("simulated", rate)))
+    source = StreamSource(config.data, config.stream, config.runtime.max_batch_rows)
+    info = source.describe()
+    learner = build_learner(name, config.method, seed=config.seed, feature_dim=info.feature_dim)
+    every = config.method.consolidate_every
+    schedule = Schedule(True, len(plan_rounds(info, True, every)))
+    clock = start_clock(config.stream.realtime, method_spec(name), config.method)
+    run = stream_in_process(learner, source, schedule, every, clock, config.stream.realtime)
+    result = runner.run(config, actors=actors)
+    metrics = result.metrics
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"], dtype=float), run.matrix)
+    assert metrics["prequential"] == run.prequential(config.runtime.prequential)
+    assert metrics["realtime"] == dataclasses.asdict(clock)
+    total = sum(info.visit_batches)
+    assert clock.learned_batches + clock.skipped_batches == total and clock.learned_batches == (total + 1) // 2
+    learned = np.sort(learner.roles["stage2"].learned_ids())
+    assert result.samples.learned == len(learned) == info.num_samples - result.samples.skipped

@@ -60,6 +60,11 @@ CASES = {  # argv -> words the one line must contain
     "run --set runtime.data_parallel=0": ["runtime.data_parallel", "1 or more"],
     "run --set runtime.placement.encoder.num_gpus=1": ["runtime.placement", "'encoder'", "stage1"],
     "lm --set runtime.lm_replicas=0": ["runtime.lm_replicas", "1 or more"],
+    "run --set stream.realtime.mode=simulated --set runtime.transport=compiled": [
+        "stream.realtime", "runtime.transport=actors"],
+    "run --set stream.realtime.mode=later": ["stream.realtime.mode", "'later'", "simulated"],
+    "run --set stream.realtime.mode=simulated --set method.name=nsr-fresh": ["stream.realtime", "nsr-fresh"],
+    "run --set runtime.prequential.near_future=0": ["near_future", ">= 1"],
 }
 
 
