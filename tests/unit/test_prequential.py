@@ -131,7 +131,7 @@ def test_the_tally_counts_by_hand():
     table = pa.Table.from_pydict({
         S.SAMPLE_ID: [1, 2, 3, 4, 5, 6], S.TASK_ID: [0, 0, 1, 1, None, 1], S.LABEL: [3, 4, None, 5, 6, None],
         "prediction": [3, 1, 2, 5, 6, 0], "score": [1.0] * 6, "near_future": [3, 4, 2, 0, 0, 0],
-        "model_version": [0] * 6}, schema=PREDICTIONS)
+        "model_version": [0] * 6, "learned": [True, True, False, False, True, False]}, schema=PREDICTIONS)
     tally = Tally()
     tally.add(table, window=2)
     report = tally.report(PrequentialConfig(window=2, near_future=3))
@@ -139,7 +139,7 @@ def test_the_tally_counts_by_hand():
     assert (report["rows"], report["accuracy"], report["near_future_accuracy"]) == (4, 0.75, 0.5)
     assert report["window_accuracy"] == 1.0  # the last two labelled rows (4 and 5) were right
     assert report["per_task"] == {"0": 0.5, "1": 1.0}  # row 5 has no task: counted overall only
-    assert report["predicted_unlabelled"] == 2
+    assert report["predicted_unlabelled"] == 2 and report["skipped"] == 1  # row 4: labelled, not learned
     tally.add(None, window=2)
     assert [p["rows"] for p in tally.report(PrequentialConfig())["curve"]] == [4, 4]
 
