@@ -84,6 +84,16 @@ class Tally:
     curve: list[dict] = field(default_factory=list)  # after each round: rows so far, overall and window accuracy
     predicted_unlabelled: int = 0
     skipped: int = 0  # labelled rows the learner could not take (a stream that did not wait): predicted only
+    late_labels: int = 0  # unlabelled rows whose label came later in the stream
+    late_correct: int = 0  # of those, the ones the prediction made while they were unlabelled got right
+
+    def settle(self, earlier: pa.Table, labels: dict[int, int]) -> None:
+        """Score the predictions made while rows were unlabelled (`earlier`, from the predictions sink) against the
+        labels that came for them."""
+        self.late_labels += earlier.num_rows
+        self.late_correct += sum(int(p == labels[i]) for i, p in zip(earlier.column(S.SAMPLE_ID).to_pylist(),
+                                                                       earlier.column("prediction").to_pylist(),
+                                                                       strict=True))
 
     def add(self, table: pa.Table | None, window: int) -> None:
         """Fold one round's predictions in (call once per committed round, even with None: the curve gets a point)."""
@@ -119,4 +129,7 @@ class Tally:
                 "near_future_accuracy": self.near_future_correct / self.rows if self.rows else None,
                 "near_future": config.near_future, "rows": self.rows,
                 "per_task": {t: c / n for t, (c, n) in sorted(self.per_task.items(), key=lambda kv: int(kv[0]))},
-                "predicted_unlabelled": self.predicted_unlabelled, "skipped": self.skipped, "curve": self.curve}
+                "predicted_unlabelled": self.predicted_unlabelled, "skipped": self.skipped,
+                "late_labels": self.late_labels,
+                "late_label_accuracy": self.late_correct / self.late_labels if self.late_labels else None,
+                "curve": self.curve}

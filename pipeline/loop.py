@@ -31,6 +31,7 @@ from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from memcl.pipeline import checkpoint, report
@@ -44,7 +45,7 @@ from memcl.pipeline.tracking import TensorBoardLog
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
-from memcl_ops.prequential import PrequentialConfig, Tally, unlabelled
+from memcl_ops.prequential import PrequentialConfig, Tally, labelled, unlabelled
 from memcl_ops.rounds import RoundBatches, matrix_rows
 
 log = logging.getLogger("memcl")
@@ -225,8 +226,11 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
     if outcome.predictions is not None:
         tally = Tally(**state.prequential)
         tally.add(outcome.predictions, prequential.window)
+        predicted = unlabelled(outcome.predictions)
+        _write_predictions(run_dir, r, predicted)
+        state.awaiting += predicted.column(S.SAMPLE_ID).to_pylist()
+        _settle_late_labels(run_dir, state, tally, labelled(outcome.predictions))
         state.prequential = dataclasses.asdict(tally)
-        _write_predictions(run_dir, r, unlabelled(outcome.predictions))
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
     state.seen_tasks = outcome.seen
@@ -263,6 +267,20 @@ def _write_predictions(run_dir: Path, r: int, predicted: pa.Table) -> None:
         return
     path.parent.mkdir(exist_ok=True)
     pq.write_table(predicted.drop_columns([S.LABEL]), path)
+
+
+def _settle_late_labels(run_dir: Path, state: RunState, tally: Tally, learned: pa.Table) -> None:
+    """Rows labelled in this round that were predicted while unlabelled: score those predictions (read back from
+    the sink) and stop awaiting them."""
+    awaiting = set(state.awaiting)
+    labels = {i: y for i, y in zip(learned.column(S.SAMPLE_ID).to_pylist(), learned.column(S.LABEL).to_pylist(),
+                                   strict=True) if i in awaiting}
+    if not labels:
+        return
+    sink = ds.dataset(run_dir / "predictions", format="parquet")
+    tally.settle(sink.to_table(columns=[S.SAMPLE_ID, "prediction"],
+                               filter=ds.field(S.SAMPLE_ID).isin(list(labels))), labels)
+    state.awaiting = [i for i in state.awaiting if i not in labels]
 
 
 def first_visit_square(acc: np.ndarray, info: StreamInfo) -> np.ndarray:

@@ -34,6 +34,14 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
           "have drifted to",
           {"data.dataset": "drift", "data.drift.visits": 20, "data.drift.tasks": 20, "data.drift.recurrence": 0.0,
            "data.drift.separation": 0.6, "data.drift.train_per_visit": 400, "data.drift.test_per_task": 200}),
+    # real drift: tasks return (half the visits after the first of each) and three times a returning task's two
+    # labels trade places; the headline is the model at the end, so a head that keeps the old concept pays for it
+    Suite("real-drift", "generated 32-d features, 6 tasks x 2 classes over 30 visits, tasks returning, three "
+          "concept changes (a returning task's labels swapped), slow drift of every class mean; tested where the "
+          "classes are and as they are labelled at the end",
+          {"data.dataset": "drift", "data.drift.visits": 30, "data.drift.tasks": 6, "data.drift.recurrence": 0.5,
+           "data.drift.separation": 2.0, "data.drift.shifts": 0, "data.drift.concept_changes": 3,
+           "data.drift.train_per_visit": 400, "data.drift.test_per_task": 200}),
 ]}
 
 

@@ -189,7 +189,12 @@ class ArrowDirStream:
     """A folder of Parquet or Arrow IPC files: `train/` in name order is the stream, `test/` the evaluation data
     (rows carry their `task_id`). Files hold any number of rows; each is cut into batches of `batch_size` rows
     (a batch never spans two files, which may differ in schema). A new visit starts where the first non-null
-    task_id of a train file differs from the current one. Files are read lazily, one at a time."""
+    task_id of a train file differs from the current one. Files are read lazily, one at a time.
+
+    **Late labels**: a train file with `sample_id` and `label` columns and no payload column is a label file: at
+    its place in the stream, each row it labels (an earlier training row whose label was null) comes again, with
+    that label, to be learned there. A label for a sample_id no earlier row left unlabelled comes with a null
+    payload, which the gate refuses."""
 
     def __init__(self, root: str | Path, payload: str, labels: list[int] | None = None,
                  feature_dim: int | None = None, batch_size: int = 256):
@@ -209,9 +214,19 @@ class ArrowDirStream:
         self.num_rows = 0
         self.class_names = self._sidecar_names()
         self.task_labels: dict[int, set[int]] = {}  # the labels each task's rows carry (for tables and plots)
+        awaiting: dict[int, tuple[Path, int]] = {}  # unlabelled training rows so far, by sample_id: where they are
+        self.settles: dict[Path, list[tuple[Path, int] | None]] = {}  # per label file, per row: the row it labels
         for path in self.train_files:
             table = self._table(path)
             self.num_rows += table.num_rows
+            if self._label_file(table):
+                self.settles[path] = [awaiting.pop(i, None) for i in table.column(S.SAMPLE_ID).to_pylist()]
+                if not self.visits:
+                    self.visits.append(0)
+                    self.visit_slices.append([])
+                self.visit_slices[-1] += self._slices(path, table.num_rows)
+                continue
+            awaiting.update(_unlabelled_rows(path, table))
             self.class_names = self.class_names or _metadata_names(table.schema)
             task = _first_task(table)
             index = task_order.setdefault(task, len(task_order)) if task is not None else None
@@ -237,10 +252,37 @@ class ArrowDirStream:
             self._open = (path, _read_table(path))
         return self._open[1]
 
+    def _label_file(self, table: pa.Table) -> bool:
+        names = table.schema.names
+        return S.SAMPLE_ID in names and S.LABEL in names and self.payload not in names
+
     def _batch(self, piece: Slice) -> pa.RecordBatch:
-        table = self._features_as_contract(self._table(piece.path).slice(piece.offset, piece.length))
+        if piece.path in self.settles:
+            table = self._late_rows(piece)
+        else:
+            table = self._features_as_contract(self._table(piece.path).slice(piece.offset, piece.length))
         batches = table.combine_chunks().to_batches()
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+    def _late_rows(self, piece: Slice) -> pa.Table:
+        """The rows a label file's slice settles, each as it first came (its payload, its task) with the late label;
+        a label that settles no row gets a null payload."""
+        labels = self._table(piece.path).slice(piece.offset, piece.length)
+        ids, values = labels.column(S.SAMPLE_ID).to_pylist(), labels.column(S.LABEL).to_pylist()
+        where = self.settles[piece.path][piece.offset:piece.offset + piece.length]
+        columns = [S.SAMPLE_ID, S.TASK_ID, S.LABEL, self.payload]
+        files = {path: _read_table(path) for path in {origin[0] for origin in where if origin is not None}}
+        rows: list[pa.Table] = []
+        for k, origin in enumerate(where):
+            source = None if origin is None else files[origin[0]]
+            if source is None or not set(columns) <= set(source.schema.names):
+                row = pa.table({S.SAMPLE_ID: pa.array([ids[k]], pa.int64()), S.TASK_ID: pa.nulls(1, pa.int32()),
+                                S.LABEL: pa.array([values[k]], pa.int32()), self.payload: pa.nulls(1)})
+            else:
+                row = self._features_as_contract(source.slice(origin[1], 1).select(columns))
+                row = row.set_column(2, row.schema.field(2), pa.array([values[k]], row.schema.field(2).type))
+            rows.append(row)
+        return pa.concat_tables(rows, promote_options="default") if rows else labels
 
     def _features_as_contract(self, table: pa.Table) -> pa.Table:
         """Feature lists of any float type and list kind (numpy's float64, pandas' variable-length lists) as the
@@ -292,6 +334,16 @@ class ArrowDirStream:
         return str(piece.path.relative_to(self.root)), piece.offset
 
 
+def _unlabelled_rows(path: Path, table: pa.Table) -> dict[int, tuple[Path, int]]:
+    """The rows of a train file whose label is null, by sample_id (a label file may settle them later)."""
+    names = table.schema.names
+    if S.SAMPLE_ID not in names or S.LABEL not in names:
+        return {}
+    nulls = np.flatnonzero(table.column(S.LABEL).is_null().to_numpy(zero_copy_only=False))
+    ids = table.column(S.SAMPLE_ID).to_pylist()
+    return {ids[r]: (path, int(r)) for r in nulls if ids[r] is not None}
+
+
 def _labels(table: pa.Table) -> list[int]:
     """The distinct valid labels of a table (none if its label column is missing or not integer)."""
     idx = table.schema.get_field_index(S.LABEL)
@@ -320,6 +372,9 @@ class DriftSpec:
     shifts: int = 5  # abrupt shifts: the current task's classes jump to a new region at evenly spaced visits
     shift_size: float = 12.0  # how far an abrupt shift moves the class means (noise std 1)
     recurrence: float = 0.8  # while tasks remain unseen, chance a visit revisits a seen task
+    # real drift: at this many evenly spaced revisits, the revisited task's concept changes: its classes' labels
+    # rotate (with two classes, swap) from that visit on, the features staying where they were
+    concept_changes: int = 0
     batch_size: int = 100  # rows per batch of a visit
     seed: int = 0  # draws the schedule, the walks and the rows
 
@@ -330,7 +385,9 @@ class DriftStream:
     The visit schedule introduces the tasks one by one (a new one with probability 1 - recurrence) and
     otherwise revisits a seen task. Every class mean follows a Gaussian random walk; at `shifts` evenly
     spaced visits the classes of that visit's task jump by `shift_size` in a random direction. The true
-    novel events are the first visit of each task plus each shift: N_T = tasks + shifts.
+    novel events are the first visit of each task plus each shift: N_T = tasks + shifts. Those are virtual drift
+    (new inputs); `concept_changes` adds real drift: at evenly spaced revisits the revisited task's labels rotate
+    among its classes (the same inputs now mean another class), for its training and test rows alike from then on.
     """
 
     def __init__(self, spec: DriftSpec, task_free: bool = False):
@@ -348,6 +405,12 @@ class DriftStream:
             for c in self.classes(self.visits[v]):
                 jumps[v:, c] += spec.shift_size * direction / np.linalg.norm(direction)
         self.means = (start[None] + walk + jumps).astype(np.float32)  # (visits, classes, dim)
+        revisits = [v for v in range(1, spec.visits) if self.visits[v] in self.visits[:v]]
+        n = min(spec.concept_changes, len(revisits))  # the middle revisit of each of n equal stretches
+        self.concept_visits = [revisits[int((k + 0.5) * len(revisits) / n)] for k in range(n)]
+        for v in self.concept_visits:  # class c's rows from now on come from where c+1's were (within its task)
+            classes = self.classes(self.visits[v])
+            self.means[v:, classes] = self.means[v:, np.roll(classes, -1)]
 
     def _schedule(self, rng: np.random.Generator) -> list[int]:
         visits, introduced = [0], 1
@@ -376,9 +439,11 @@ class DriftStream:
             task_classes=[self.classes(t) for t in range(s.tasks)], visits=self.visits,
             visit_batches=[per_visit] * s.visits, test_batches=[int(np.ceil(s.test_per_task / s.batch_size))] * s.tasks,
             num_samples=s.visits * s.train_per_visit, labels=list(range(s.tasks * s.classes_per_task)),
-            fingerprint=_fingerprint([np.asarray(self.visits), self.means[-1]]), feature_dim=s.dim,
+            fingerprint=_fingerprint([np.asarray(self.visits), self.means[-1],
+                                      *([np.asarray(self.concept_visits)] if self.concept_visits else [])]),
+            feature_dim=s.dim,
             novel_shifts=len(self.novel_visits()),
-            extra={"shift_visits": self.shift_visits})
+            extra={"shift_visits": self.shift_visits, "concept_visits": self.concept_visits})
 
     def _draw(self, visit: int, task: int, n: int, key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.spec.seed, *key])

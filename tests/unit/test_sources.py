@@ -40,6 +40,31 @@ def test_drift_task_free_hides_task_ids_and_labels_match_the_visit():
     assert set(S.labels_to_numpy(batch)) <= set(stream.classes(stream.visits[5]))
 
 
+def test_real_drift_swaps_a_returning_tasks_labels_from_its_change_on():
+    """At each concept change the revisited task's two classes trade places: rows labelled a now lie where b's
+    were, in training and test alike, from that visit on; before it, nothing differs from the same stream without."""
+    spec = DriftSpec(visits=40, tasks=4, recurrence=0.6, drift_step=0.0, shifts=0, concept_changes=2,
+                     train_per_visit=400, test_per_task=400, batch_size=400, seed=2)
+    stream, plain = DriftStream(spec), DriftStream(DriftSpec(**{**spec.__dict__, "concept_changes": 0}))
+    assert len(stream.concept_visits) == 2 and not plain.concept_visits
+    for v in stream.concept_visits:
+        task = stream.visits[v]
+        assert task in stream.visits[:v]  # a revisit
+        a, b = stream.classes(task)
+
+        def class_mean(batch, label):
+            return S.features_to_numpy(batch)[S.labels_to_numpy(batch) == label].mean(axis=0)
+
+        now, then, trained = stream.test_batch(task, 0, v), stream.test_batch(task, 0, v - 1), stream.train_batch(v, 0)
+        for label, other in ((a, b), (b, a)):
+            np.testing.assert_allclose(class_mean(now, label), class_mean(then, other), atol=0.3)
+            np.testing.assert_allclose(class_mean(trained, label), class_mean(then, other), atol=0.3)
+    first = stream.concept_visits[0]
+    np.testing.assert_array_equal(S.features_to_numpy(stream.train_batch(first - 1, 0)),
+                                  S.features_to_numpy(plain.train_batch(first - 1, 0)))
+    assert stream.describe().fingerprint != plain.describe().fingerprint
+
+
 def _write(path, batch):
     with pa.ipc.new_file(path, batch.schema) as writer:
         writer.write_batch(batch)
