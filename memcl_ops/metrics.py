@@ -103,3 +103,29 @@ class Summary:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+def anytime_summary(anytime: np.ndarray, row_visits: list[int], visits: list[int]) -> dict:
+    """Anytime accuracy (CapyMOA's `OCLMetrics`, docs/methods.md "Anytime accuracy") of a matrix with one row per
+    evaluation inside the visits (`row_visits[p]`: the visit row p was evaluated in) and every task evaluated:
+
+    * all(p) = mean_j A[p][j]; seen(p) = mean over the tasks first visited at or before row p's visit; their means
+      over the rows (`accuracy_all_avg`, `accuracy_seen_avg`);
+    * R: the rows at the end of each task's first visit (T x T, every entry evaluated); forward transfer
+      FWT = 2 / (T (T − 1)) Σ_{i<j} R[i][j] and backward transfer BWT = 2 / (T (T − 1)) Σ_{j<i} (R[i][j] − R[j][j]),
+      CapyMOA's definitions (0 for one task)."""
+    a = np.asarray(anytime, dtype=np.float64)
+    tasks = a.shape[1]
+    first = {t: visits.index(t) for t in range(tasks) if t in visits}
+    seen = [[t for t, v in first.items() if v <= row_visits[p]] for p in range(len(a))]
+    accuracy_all = a.mean(axis=1)
+    accuracy_seen = np.array([a[p, s].mean() for p, s in enumerate(seen)])
+    ends = [max(p for p in range(len(a)) if row_visits[p] == first[t]) for t in sorted(first, key=first.get)]
+    r = a[ends][:, sorted(first, key=first.get)]
+    n = len(r)
+    pairs = n * (n - 1) / 2
+    return {"accuracy_all": accuracy_all.tolist(), "accuracy_seen": accuracy_seen.tolist(),
+            "accuracy_all_avg": float(accuracy_all.mean()), "accuracy_seen_avg": float(accuracy_seen.mean()),
+            "task_end_matrix": r.tolist(),
+            "forward_transfer": float(np.triu(r, 1).sum() / pairs) if n > 1 else 0.0,
+            "backward_transfer": float(np.tril(r - np.diag(r)[None, :], -1).sum() / pairs) if n > 1 else 0.0}

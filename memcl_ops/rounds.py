@@ -5,7 +5,10 @@
 * after a round, the tasks seen so far (the last `window` of them, if set, except after the last round) are
   evaluated on their test data as of the last visit ended, when the round ends a visit at an evaluation point
   (every `evaluate_every`-th visit and the last; task-free: every `evaluate_every`-th round and the last);
-* the matrix gets one row per visit ended (task-free: one per evaluation point).
+* the matrix gets one row per visit ended (task-free: one per evaluation point);
+* **anytime** evaluation (`anytime` H, with task boundaries): each visit is cut into H rounds, and after every
+  round every task, seen or not, is evaluated: a row of the anytime matrix (docs/methods.md, "Anytime accuracy");
+  the accuracy matrix still gets one row per visit ended, over the tasks seen.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from memcl_ops.roles.stream_source import StreamSource
 RoundBatches = list[tuple[int, int]]  # the (visit, batch index) pairs of one round
 
 
-def plan_rounds(info: StreamInfo, task_free: bool, every: int) -> list[RoundBatches]:
-    """The units of consolidation, commit and replay: one visit each when task boundaries are given; K
+def plan_rounds(info: StreamInfo, task_free: bool, every: int, steps: int = 1) -> list[RoundBatches]:
+    """The units of consolidation, commit and replay: one visit each when task boundaries are given (`steps` > 1:
+    each visit cut into that many rounds of as equal a number of batches as it has, for anytime evaluation); K
     consecutive batches regardless of visits when task-free (the learner is told nothing at boundaries;
     evaluation still happens after the round in which a visit ends)."""
     if not task_free:
-        return [[(v, i) for i in range(n)] for v, n in enumerate(info.visit_batches)]
+        return [[(v, int(i)) for i in part] for v, n in enumerate(info.visit_batches)
+                for part in np.array_split(np.arange(n), min(max(steps, 1), max(n, 1))) if len(part) or not n]
     flat = [(v, i) for v, n in enumerate(info.visit_batches) for i in range(n)]
     return [flat[a:a + every] for a in range(0, len(flat), every)]
 
@@ -46,25 +51,32 @@ class Schedule:
     evaluate_every: int = 1
     # evaluate only the most recently first-trained tasks (None: all seen); the last round evaluates all seen
     window: int | None = None
+    anytime: int = 0  # H > 0: every round (H per visit) evaluates every task, seen or not
 
     def ended(self, info: StreamInfo, batches: RoundBatches) -> list[int]:
         """The visits a round ends."""
         return [v for v, i in batches if i == info.visit_batches[v] - 1]
 
     def due(self, info: StreamInfo, round_index: int, ended: list[int]) -> bool:
+        if self.anytime:
+            return True
         if self.task_free:
             return (round_index + 1) % self.evaluate_every == 0 or round_index == self.rounds - 1
         return any(v == len(info.visits) - 1 or (v + 1) % self.evaluate_every == 0 for v in ended)
 
-    def tasks(self, seen: list[int], round_index: int) -> list[int]:
-        """The tasks an evaluation after round `round_index` answers."""
+    def tasks(self, seen: list[int], round_index: int, total: int) -> list[int]:
+        """The tasks an evaluation after round `round_index` answers (of `total`)."""
+        if self.anytime:
+            return list(range(total))
         last = round_index == self.rounds - 1
         return sorted(seen if self.window is None or last else seen[-self.window:])
 
-    @staticmethod
-    def test_visit(batches: RoundBatches, ended: list[int]) -> int:
-        """The visit whose test data a round is evaluated on (a drifting stream tests where its classes moved)."""
-        return ended[-1] if ended else max(batches[-1][0] - 1, 0)
+    def test_visit(self, batches: RoundBatches, ended: list[int]) -> int:
+        """The visit whose test data a round is evaluated on (a drifting stream tests where its classes moved; an
+        anytime round inside a visit, where they are in that visit)."""
+        if ended:
+            return ended[-1]
+        return batches[-1][0] if self.anytime else max(batches[-1][0] - 1, 0)
 
 
 def seen_after(seen: list[int], visit_tasks: Iterable[list[int]]) -> list[int]:
@@ -75,9 +87,11 @@ def seen_after(seen: list[int], visit_tasks: Iterable[list[int]]) -> list[int]:
     return seen
 
 
-def matrix_rows(accuracy: dict[int, float], ended: list[int], tasks: int, task_free: bool) -> list[list[float]]:
-    """The accuracy-matrix rows a round adds: one per visit ended (task-free: one if the round evaluated)."""
-    row = [accuracy.get(t, float("nan")) for t in range(tasks)]
+def matrix_rows(accuracy: dict[int, float], ended: list[int], tasks: int, task_free: bool, seen: list[int]
+                ) -> list[list[float]]:
+    """The accuracy-matrix rows a round adds, over the tasks `seen`: one per visit ended (task-free: one if the
+    round evaluated)."""
+    row = [accuracy.get(t, float("nan")) if t in seen else float("nan") for t in range(tasks)]
     if task_free:
         return [row] if accuracy else []
     return [row for _ in ended]
@@ -92,6 +106,7 @@ class InProcessRun:
     refused: list[pa.Table] = field(default_factory=list)
     reports: list[dict] = field(default_factory=list)
     predictions: list[pa.Table] = field(default_factory=list)  # per round, its test-then-train predictions
+    anytime: list[list[float]] = field(default_factory=list)  # per round, every task's accuracy (anytime runs)
 
     def prequential(self, config: PrequentialConfig | None = None) -> dict | None:
         """The run's test-then-train figures, as the runner's metrics.json has them (None: nothing predicted)."""
@@ -122,7 +137,7 @@ def stream_in_process(learner: StreamLearner, source: StreamSource, schedule: Sc
     info = source.describe()
     out, seen = InProcessRun(), []
     offsets = np.cumsum([0, *info.visit_batches])
-    for r, batches in enumerate(plan_rounds(info, schedule.task_free, every)):
+    for r, batches in enumerate(plan_rounds(info, schedule.task_free, every, schedule.anytime)):
         visits = sorted({v for v, _ in batches})
         task = None if schedule.task_free else int(info.visits[visits[0]])
         learner.begin_round(Round(r, task, None if task is None else tuple(info.task_classes[task])))
@@ -145,8 +160,11 @@ def stream_in_process(learner: StreamLearner, source: StreamSource, schedule: Sc
         accuracy = {}
         if schedule.due(info, r, ended):
             after = schedule.test_visit(batches, ended)
-            accuracy = {t: _accuracy(learner, source, t, after, out.refused) for t in schedule.tasks(seen, r)}
-        out.rows += matrix_rows(accuracy, ended, len(info.task_classes), schedule.task_free)
+            accuracy = {t: _accuracy(learner, source, t, after, out.refused)
+                        for t in schedule.tasks(seen, r, len(info.task_classes))}
+        out.rows += matrix_rows(accuracy, ended, len(info.task_classes), schedule.task_free, seen)
+        if schedule.anytime:
+            out.anytime.append([accuracy[t] for t in range(len(info.task_classes))])
     return out
 
 

@@ -102,6 +102,9 @@ class RuntimeConfig:
     # test-then-train: every training batch is predicted before it is learned (docs/methods.md, "Prequential
     # accuracy"); its sliding window in rows and the k of near-future accuracy
     prequential: PrequentialConfig = PrequentialConfig()
+    # anytime evaluation (needs task boundaries): each visit cut into this many rounds, every task (seen or not)
+    # evaluated after each; 0: off (docs/methods.md, "Anytime accuracy")
+    anytime: int = 0
     # per role (ROLES), what its actor reserves; a role not named keeps its default: nothing reserved for the
     # learner actors (they mostly wait on the encoders), a CPU for the LM's actor, the encoders' share for NSR's trainer
     placement: dict[str, Placement] = field(default_factory=dict)
@@ -115,6 +118,8 @@ class RuntimeConfig:
             raise ConfigError(f"runtime.data_parallel: {self.data_parallel} workers; 1 or more")
         if self.lm_replicas < 1:
             raise ConfigError(f"runtime.lm_replicas: {self.lm_replicas} copies of the LM; 1 or more")
+        if self.anytime < 0:
+            raise ConfigError(f"runtime.anytime: {self.anytime} evaluations per visit; 0 (off) or more")
         if self.chaos_seconds < 0:
             raise ConfigError(f"runtime.chaos_seconds: {self.chaos_seconds} is below 0 (0 turns chaos mode off)")
         unknown = sorted(set(self.placement) - set(ROLES))

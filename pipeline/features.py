@@ -104,7 +104,7 @@ class FeaturePipeline:
         raise AttributeError(role)
 
     def plan(self) -> list[RoundBatches]:
-        return plan_rounds(self.info, self.task_free, self.config.method.consolidate_every)
+        return plan_rounds(self.info, self.task_free, self.config.method.consolidate_every, self.config.runtime.anytime)
 
     def _features(self, batch_ref: ray.ObjectRef, letters: list[ray.ObjectRef], accumulate: bool = False
                   ) -> ray.ObjectRef:
@@ -158,15 +158,15 @@ class FeaturePipeline:
             clock.measured(seconds["stream"] + trained["stage1"] + trained["stage2"], sum(learned))
 
         t_eval = time.perf_counter()
-        schedule = Schedule(self.task_free, self.rounds, rt.evaluate_every, rt.evaluate_window)
+        schedule = Schedule(self.task_free, self.rounds, rt.evaluate_every, rt.evaluate_window, rt.anytime)
         ended = schedule.ended(info, batches)
         seen = seen_after(state.seen_tasks, ray.get([self.source.visit_tasks.remote(v)
                                                      for v in sorted({v for v, _ in batches})]))
         accuracy: dict[int, float] = {}
         if schedule.due(info, state.next_round, ended):
             reports.phase("evaluate")
-            accuracy = self.evaluate(schedule.tasks(seen, state.next_round), schedule.test_visit(batches, ended),
-                                     letters)
+            accuracy = self.evaluate(schedule.tasks(seen, state.next_round, len(info.task_classes)),
+                                     schedule.test_visit(batches, ended), letters)
         refused = [t for t in [*refused, *ray.get(letters)] if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
@@ -287,12 +287,28 @@ class FeaturePipeline:
     def finish(self, state: RunState) -> dict:
         if self.content_cache:  # the rows encoded in-line, written to the content cache once per run
             self.encoders.flush_cache()
+        confusion = self.class_confusion() if self.config.runtime.anytime else None
         history = ray.get(self.memory.call.remote("slots", "history")) if self.spec.memory else {}
         monitor = ray.get(self.monitor.counters.remote()) if self.monitor is not None else {}
         return {"slots": {"history": history.get("slot_history", []), "expansions": history.get("expansions", []),
                           "refused_expansions": history.get("refused_expansions", 0), "monitor": monitor},
                 "memory_bytes": {k: v for k, v in self.memory_report().items() if k != "num_slots"},
-                "encoders": self.encoders.info if self.encoders is not None else []}
+                "encoders": self.encoders.info if self.encoders is not None else [],
+                **({"class_confusion": confusion} if confusion is not None else {})}
+
+    def class_confusion(self) -> dict:
+        """The class confusion matrix of the model at the end on every task's test data (as of the last visit):
+        counts[i][k], rows of true class classes[i] predicted as classes[k] (-1: no class known)."""
+        letters: list[ray.ObjectRef] = []
+        parts = [self.flow.confusion(self._features(self.source.test_batch.remote(t, k, len(self.info.visits) - 1)[0],
+                                                    letters))
+                 for t in range(len(self.info.task_classes)) for k in range(self.info.test_batches[t])]
+        pairs = np.concatenate([np.zeros((0, 2), np.int64), *ray.get(parts)])
+        classes = sorted({c for task in self.info.task_classes for c in task} | set(pairs[:, 1].tolist()))
+        index = {c: i for i, c in enumerate(classes)}
+        counts = np.zeros((len(classes), len(classes)), np.int64)
+        np.add.at(counts, ([index[c] for c in pairs[:, 0]], [index[c] for c in pairs[:, 1]]), 1)
+        return {"classes": classes, "counts": counts.tolist()}
 
 
 def encode_into_cache(config: RunConfig, source: ray.actor.ActorHandle, encoders: EncoderPool, info: StreamInfo,

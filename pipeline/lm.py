@@ -223,7 +223,7 @@ class LMPipeline:
         rt = ctx.config.runtime
         schedule = Schedule(False, len(ctx.tasks), rt.evaluate_every, rt.evaluate_window)
         seen = list(range(task + 1))
-        due = schedule.tasks(seen, task) if schedule.due(self.info, task, [task]) else []
+        due = schedule.tasks(seen, task, len(ctx.tasks)) if schedule.due(self.info, task, [task]) else []
         accuracy, nll, predictions, scores = {}, {}, [], {}
         if due:
             reports.phase("evaluate")

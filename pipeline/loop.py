@@ -184,7 +184,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
 
         for r in range(state.next_round, len(rounds)):
             outcome, memory, committed = recovery.run(f"round {r}", partial(round_step, r))
-            _commit_round(pipe, state, r, outcome, memory, run_dir, rt.prequential)
+            _commit_round(pipe, state, r, outcome, memory, run_dir, rt.prequential, rt.anytime > 0)
             state.elapsed = earlier + time.perf_counter() - started
             recovery.last_good = committed
             reports.phase("checkpoint")
@@ -218,7 +218,7 @@ def _round_name(pipe: StreamPipeline, rounds: list[RoundBatches], r: int) -> str
 
 
 def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundOutcome, memory: dict[str, int],
-                  run_dir: Path, prequential: PrequentialConfig) -> None:
+                  run_dir: Path, prequential: PrequentialConfig, anytime: bool) -> None:
     """Fold a completed round (and the memory report read after it) into the run state and write its dead
     letters and the predictions of its unlabelled rows; calls no actor, so a commit is never half done."""
     if outcome.clock is not None:
@@ -234,7 +234,9 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
     state.seen_tasks = outcome.seen
-    added = matrix_rows(outcome.accuracy, outcome.ended, len(pipe.info.task_classes), pipe.task_free)
+    added = matrix_rows(outcome.accuracy, outcome.ended, len(pipe.info.task_classes), pipe.task_free, outcome.seen)
+    if anytime:
+        state.anytime_rows.append([outcome.accuracy.get(t, float("nan")) for t in range(len(pipe.info.task_classes))])
     state.acc_rows += added
     state.rows += ([{"round": r, "visits_ended": outcome.ended}] * len(added) if pipe.task_free
                    else [{"round": r, "visit": v} for v in outcome.ended])
@@ -342,6 +344,16 @@ def first_pass(info: StreamInfo, acc: np.ndarray) -> dict:
     return M.Summary.of(square).as_dict() if M.Summary.computable(square) else {}
 
 
+def _anytime(pipe: StreamPipeline, state: RunState) -> dict:
+    """The anytime matrix (a row per round, every task), the visit and step each row was evaluated at, and its
+    summary (memcl_ops/metrics.py, anytime_summary)."""
+    rounds = pipe.plan()
+    row_visits = [rounds[r][-1][0] for r in range(len(state.anytime_rows))]
+    steps = [sum(1 for q in range(r) if rounds[q][-1][0] == rounds[r][-1][0]) for r in range(len(row_visits))]
+    return {"matrix": state.anytime_rows, "row_visits": row_visits, "row_steps": steps,
+            **M.anytime_summary(np.array(state.anytime_rows), row_visits, pipe.info.visits)}
+
+
 def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: RuntimeConfig) -> dict:
     info = pipe.info
     acc = np.array(state.acc_rows, dtype=np.float64).reshape(len(state.acc_rows), len(info.task_classes))
@@ -358,6 +370,7 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: Runtime
         "first_pass": first_pass(info, acc) if not pipe.task_free and revisits(info) else None,
         "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size and not np.isnan(acc[-1]).all() else None,
         "prequential": Tally(**state.prequential).report(rt.prequential) if state.prequential["curve"] else None,
+        "anytime": _anytime(pipe, state) if rt.anytime and state.anytime_rows else None,
         "samples": {"stream": info.num_samples, "learned": len(learned), "unique_learned": len(np.unique(learned)),
                     "refused": sum(state.refused.values()), "refused_by_reason": state.refused,
                     "refused_test": sum(state.refused_test.values()), "refused_test_by_reason": state.refused_test,

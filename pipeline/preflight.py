@@ -49,6 +49,9 @@ def check_run(config: RunConfig) -> MethodSpec:
     if config.stream.realtime.on and config.runtime.transport == "compiled":
         raise ConfigError("stream.realtime: the compiled chain routes every batch it streams; a stream that skips "
                           "batches runs over actor calls: set runtime.transport=actors")
+    if config.runtime.anytime and (config.stream.task_free or spec.family != "features"):
+        raise ConfigError("runtime.anytime: evaluations inside each visit cut the visits of a features method's "
+                          "stream with task boundaries; a task-free run evaluates every runtime.evaluate_every rounds")
     if spec.family == "nsr":
         _check_nsr(spec, config)
     return spec

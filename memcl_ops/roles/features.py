@@ -124,6 +124,10 @@ class FeatureFlow:
         """(correct, total) on one labelled feature batch."""
         return self.x.call("stage2", "evaluate", features)
 
+    def confusion(self, features: Any) -> Any:
+        """(label, prediction) pairs of one labelled feature batch, for the class confusion matrix."""
+        return self.x.call("stage2", "confusion", features)
+
     def memory_report(self) -> dict[str, int]:
         """Bytes of all persistent memory: the memory manager's stores (and the slot count), the monitor's
         references and the head's parts (`head.*`)."""

@@ -140,6 +140,12 @@ class Stage2Trainer:
             labels = S.labels_to_numpy(batch)
             return int((self.predict(batch) == labels).sum()), len(labels)
 
+    def confusion(self, batch: pa.RecordBatch | None) -> np.ndarray:
+        """(label, predicted class) of every row of a labelled feature batch, as an (n, 2) array."""
+        if batch is None:
+            return np.zeros((0, 2), np.int64)
+        return np.stack([S.labels_to_numpy(batch), self.predict(batch)], axis=1)
+
     def learned_ids(self) -> np.ndarray:
         return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
 

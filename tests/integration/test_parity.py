@@ -242,3 +242,30 @@ def test_a_stream_that_does_not_wait_skips_the_same_batches_in_process_and_on_ac
     assert clock.learned_batches + clock.skipped_batches == total and clock.learned_batches == (total + 1) // 2
     learned = np.sort(learner.roles["stage2"].learned_ids())
     assert result.samples.learned == len(learned) == info.num_samples - result.samples.skipped
+
+
+@pytest.mark.parametrize("name", ["mars", "slda"])
+def test_anytime_evaluation_is_the_same_in_process_and_on_actors(actors, one_torch_thread, folder, tmp_path, name):
+    """Three evaluations inside each visit, every task: the anytime matrix and the accuracy matrix are the same both
+    ways; the accuracy matrix keeps only seen tasks while the anytime rows fill the tasks not seen yet; the class
+    confusion of the end model counts every test row once."""
+    config = config_for("short-and-refused", folder, tmp_path, name)
+    config = replace(config, runtime=replace(config.runtime, anytime=3))
+    source = StreamSource(config.data, config.stream, config.runtime.max_batch_rows)
+    info = source.describe()
+    learner = build_learner(name, config.method, seed=config.seed, feature_dim=info.feature_dim)
+    rounds = len(plan_rounds(info, False, 0, steps=3))
+    run = stream_in_process(learner, source, Schedule(False, rounds, anytime=3))
+    metrics = runner.run(config, actors=actors).metrics
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"], dtype=float), run.matrix)
+    anytime = np.array(metrics["anytime"]["matrix"])
+    np.testing.assert_array_equal(anytime, np.array(run.anytime))
+    assert rounds > len(info.visits) and anytime.shape == (rounds, 3) and not np.isnan(anytime).any()
+    assert np.isnan(run.matrix[np.triu_indices(3, 1)]).all()
+    assert metrics["anytime"]["row_visits"][-1] == len(info.visits) - 1
+    counts = np.array(metrics["class_confusion"]["counts"])
+    classes = metrics["class_confusion"]["classes"]
+    tested = 3 * (ROWS_PER_FILE - REFUSED_PER_FILE)
+    assert counts.sum() == tested
+    assert np.trace(counts) / tested == pytest.approx(np.mean(run.matrix[-1]))  # equal test rows per task
+    assert -1 not in classes  # the end model knows every class

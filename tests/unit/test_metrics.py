@@ -54,3 +54,23 @@ def test_points_at_the_task_ends_give_the_task_aware_summary(seed):
     assert between.a_mean == pytest.approx(expected_mean)
     assert between.forgetting >= at_ends.forgetting - 1e-12  # one more point a task can have been better at
     assert between.bwt == pytest.approx(at_ends.bwt)  # still read at each task's own learned point
+
+
+def test_anytime_summary_follows_capymoas_written_definitions():
+    """Three tasks, two evaluations inside each visit, every task evaluated; CapyMOA's OCLMetrics formulas worked by
+    hand: all(p) = mean_j A[p][j], seen(p) over tasks 1..t, R the rows at each task's end, FWT = 2/(T(T-1)) Σ_{i<j}
+    R[i][j], BWT = 2/(T(T-1)) Σ_{j<i} (R[i][j] - R[j][j])."""
+    a = np.array([[0.5, 0.0, 0.1],
+                  [0.9, 0.1, 0.0],   # end of task 0
+                  [0.7, 0.6, 0.2],
+                  [0.6, 0.8, 0.1],   # end of task 1
+                  [0.5, 0.7, 0.4],
+                  [0.4, 0.6, 0.9]])  # end of task 2
+    out = metrics.anytime_summary(a, [0, 0, 1, 1, 2, 2], [0, 1, 2])
+    assert out["accuracy_all"] == pytest.approx(a.mean(axis=1).tolist())
+    seen = [0.5, 0.9, (0.7 + 0.6) / 2, (0.6 + 0.8) / 2, (0.5 + 0.7 + 0.4) / 3, (0.4 + 0.6 + 0.9) / 3]
+    assert out["accuracy_seen"] == pytest.approx(seen)
+    assert out["accuracy_seen_avg"] == pytest.approx(np.mean(seen))
+    assert out["task_end_matrix"] == a[[1, 3, 5]].tolist()
+    assert out["forward_transfer"] == pytest.approx((0.1 + 0.0 + 0.1) / 3)
+    assert out["backward_transfer"] == pytest.approx(((0.6 - 0.9) + (0.4 - 0.9) + (0.6 - 0.8)) / 3)

@@ -163,3 +163,16 @@ def test_the_headline_is_the_model_at_the_end_of_the_stream_when_a_task_returns(
     assert headline["a_mean"] == pytest.approx((0.9 + 0.85 + 0.825) / 3)
     once = SimpleNamespace(task_free=False, info=info([0, 1], 2))
     assert loop.summary(once, loop.RunState(), acc[:2]) == loop.first_pass(once.info, acc[:2])
+
+
+def test_anytime_cuts_each_visit_into_rounds_that_evaluate_every_task():
+    from memcl_ops.rounds import Schedule, plan_rounds
+
+    stream = info([0, 1, 0], 2)
+    stream.visit_batches = [5, 2, 3]
+    assert plan_rounds(stream, False, 0, steps=3) == [[(0, 0), (0, 1)], [(0, 2), (0, 3)], [(0, 4)], [(1, 0)],
+                                                      [(1, 1)], [(2, 0)], [(2, 1)], [(2, 2)]]
+    assert plan_rounds(stream, False, 0) == [[(0, i) for i in range(5)], [(1, 0), (1, 1)], [(2, i) for i in range(3)]]
+    schedule = Schedule(False, 8, anytime=3)
+    assert schedule.due(stream, 0, []) and schedule.tasks([0], 0, 2) == [0, 1]
+    assert schedule.test_visit([(1, 0)], []) == 1 and Schedule(False, 3).test_visit([(1, 0)], []) == 0
