@@ -63,10 +63,11 @@ def test_test_then_train_columns_and_their_verdict_beside_a_last():
     without test-then-train figures shows '-'."""
     online = lambda method, a_last, preq, near: bench.RunRow(  # noqa: E731
         method, 0, {"a_last": a_last, "a_mean": a_last, "forgetting": 0.0, "bwt": 0.0, "prequential": preq,
-                    "near_future": near}, [a_last], 1.0, 10, "")
+                    "near_future": near, "skipped": 0.25}, [a_last], 1.0, 10, "")
     table = bench.aggregate([online("blind", 0.1, 0.9, 0.2), online("mars", 0.8, 0.6, 0.55), row("slda", 0.7)])
     assert "- test-then-train: best prequential blind (90.00), best near-future mars (55.00)" in bench.verdict_lines(
         table)
     body = {line.split("|")[1].strip(): line for line in bench.markdown(suite("fmnist-5x2"), table, 1).splitlines()
             if line.startswith("| ") and "method" not in line}
-    assert body["mars"].endswith("| 60.00 | 55.00 | 1.0 | 10 |") and body["slda"].endswith("| - | - | 1.0 | 10 |")
+    assert body["mars"].endswith("| 60.00 | 55.00 | 25.00 | 1.0 | 10 |")
+    assert body["slda"].endswith("| - | - | - | 1.0 | 10 |")
