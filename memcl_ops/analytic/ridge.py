@@ -81,6 +81,10 @@ class AnalyticConfig:
     # φᵀW_c + α·cos(φ, m_c), m_c the class mean of φ read off the statistics (C_c / n_c); 0 is the plain ridge head,
     # a large α the nearest-mean classifier (SimpleCIL in φ space); not with "gcv" or the "mse" criterion [R]
     mean_weight_grid: tuple[float, ...] = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
+    # the nearest-mean scores the blend may add, chosen with λ and α: "cosine" (SimpleCIL's) and "euclidean",
+    # −½‖φ − m_c‖² up to a term every class shares, divided by the mean ‖φ‖² (CapyMOA's NCM; with
+    # expansion_dim 0 the Bayes rule of classes with one isotropic spread) [R]
+    mean_kinds: tuple[Literal["cosine", "euclidean"], ...] = ("cosine", "euclidean")
     # forgetting: before a block of n samples is added, the sums so far are scaled by 2^(-n / half_life) (recursive
     # least squares with forgetting, at block granularity), so the head tracks a drifting stream; 0 keeps everything
     # (the exact joint solution). The scaling is an exact integer operation on the merged total [R]
@@ -375,11 +379,13 @@ class Reservoir:
 
 @dataclass(frozen=True)
 class Choice:
-    """What `AnalyticHead.select_lambda` picked: λ, the nearest-mean weight α, and the error of every λ at that α."""
+    """What `AnalyticHead.select_lambda` picked: λ, the nearest-mean weight α and score, and the error of every λ at
+    that α and score."""
 
     lam: float
     mean_weight: float
     errors: dict[float, float]
+    mean_kind: str = "cosine"
 
 
 def _cholesky(gram: torch.Tensor, lam: float) -> torch.Tensor:
@@ -401,7 +407,10 @@ class AnalyticHead:
         self.weight_classes = np.zeros(0, np.int64)  # the classes W was solved for (the stats may have more)
         self.lam = float("nan")
         self.mean_weight = 0.0  # α of the nearest-mean blend (AnalyticConfig.mean_weight_grid)
-        self.mean_directions = np.zeros((self.feature_map.dim - 1, 0))  # unit class means of φ, without the bias
+        self.mean_kind = "cosine"  # its score (AnalyticConfig.mean_kinds)
+        # cosine: the unit class means of φ without the bias; euclidean: m_c / s and −½‖m_c‖² / s, s the mean ‖φ‖²
+        self.mean_directions = np.zeros((self.feature_map.dim - 1, 0))
+        self.mean_offsets = np.zeros(0)
 
     def update(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
         """Sum a block in, after forgetting the sums so far by the block's size (`half_life`; none at 0)."""
@@ -429,18 +438,31 @@ class AnalyticHead:
         gram, targets = self._float_stats(stats)
         return torch.cholesky_solve(targets, _cholesky(gram, lam)).numpy()
 
-    def solve(self, lam: float, mean_weight: float = 0.0) -> np.ndarray:
-        """W = (G + λI)⁻¹C over every class seen, and the class-mean directions the score adds at weight α =
-        `mean_weight` (none at 0); returns W (dim × classes)."""
+    def solve(self, lam: float, mean_weight: float = 0.0, mean_kind: str = "cosine") -> np.ndarray:
+        """W = (G + λI)⁻¹C over every class seen, and the nearest-mean score (`mean_kind`) the head adds at weight
+        α = `mean_weight` (none at 0); returns W (dim × classes)."""
         if lam <= 0 or mean_weight < 0:
             raise ValueError(f"λ must be > 0 and the mean weight >= 0, got {lam}, {mean_weight}")
         self.weight, self.weight_classes, self.lam = self._solve(self.stats, lam), self.stats.classes.copy(), lam
-        self.mean_weight = mean_weight
+        self.mean_weight, self.mean_kind = mean_weight, mean_kind
         self.mean_directions = np.zeros((self.feature_map.dim - 1, 0))
+        self.mean_offsets = np.zeros(0)
         if mean_weight:
-            sums = self._class_sums(self._float_stats(self.stats)[1]).numpy()
-            self.mean_directions = sums / np.maximum(np.linalg.norm(sums, axis=0), 1e-12)
+            gram, targets = self._float_stats(self.stats)
+            sums = self._class_sums(targets).numpy()
+            if mean_kind == "cosine":
+                self.mean_directions = sums / np.maximum(np.linalg.norm(sums, axis=0), 1e-12)
+            else:
+                means, scale = self._class_means(gram, targets)
+                self.mean_directions = means.numpy() / scale
+                self.mean_offsets = -0.5 * means.pow(2).sum(dim=0).numpy() / scale
         return self.weight
+
+    def _class_means(self, gram: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(m_c of φ without the bias, one column per class; the mean ‖φ‖² without the bias): the bias coordinate's
+        row of C counts each class's (decayed) samples, its diagonal entry of G all of them."""
+        counts = targets[-1].clamp_min(1e-12)
+        return self._class_sums(targets) / counts, float(gram.diagonal()[:-1].sum() / gram[-1, -1].clamp_min(1e-12))
 
     def select_lambda(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, seed: int = 0,
                       weights: np.ndarray | None = None) -> Choice:
@@ -470,9 +492,11 @@ class AnalyticHead:
         y = torch.from_numpy((labels[scored][:, None] == self.stats.classes[None, :]).astype(np.float64))
         w = torch.ones(len(scored), dtype=torch.float64) if weights is None else torch.from_numpy(weights[scored])
         gram, targets = self._float_stats(fit)
-        nearest = 0.0
+        nearest: dict[str, torch.Tensor | float] = {"cosine": 0.0}
         if max(cfg.mean_weight_grid) > 0:  # held-out samples are not in `fit`'s class sums: nothing to take out
-            nearest = self._left_out_mean_similarity(x, y, w * (cfg.lambda_selection != "holdout"), targets)
+            left_out = w * (cfg.lambda_selection != "holdout")
+            nearest = {kind: (self._left_out_mean_similarity(x, y, left_out, targets) if kind == "cosine"
+                              else self._left_out_euclidean(x, y, left_out, gram, targets)) for kind in cfg.mean_kinds}
         scores = {}
         for lam in cfg.lambda_grid:
             factor = _cholesky(gram, lam)
@@ -482,13 +506,17 @@ class AnalyticHead:
                 leverage = torch.linalg.solve_triangular(factor, x.T, upper=False).pow(2).sum(dim=0)
                 residual = residual / (1.0 - w * leverage).clamp_min(1e-12)[:, None]
             mse = float(residual.pow(2).sum(dim=1).mean())
-            for alpha in cfg.mean_weight_grid:
-                predicted = (y - residual + alpha * nearest).argmax(dim=1)
-                error_rate = float((predicted != y.argmax(dim=1)).double().mean())
-                # ties: the smaller squared error, then the smaller nearest-mean weight
-                scores[lam, alpha] = (error_rate, mse, alpha) if cfg.lambda_criterion == "accuracy" else (mse,)
-        lam, alpha = min(scores, key=scores.__getitem__)
-        return Choice(lam, alpha, {cand: scores[cand, alpha][0] for cand in cfg.lambda_grid})
+            for order_of_kind, (kind, score) in enumerate(nearest.items()):
+                for alpha in cfg.mean_weight_grid:
+                    if alpha == 0 and order_of_kind:  # α = 0 adds no score: one candidate
+                        continue
+                    predicted = (y - residual + alpha * score).argmax(dim=1)
+                    error_rate = float((predicted != y.argmax(dim=1)).double().mean())
+                    # ties: the smaller squared error, the smaller nearest-mean weight, the earlier score kind
+                    scores[lam, alpha, kind] = ((error_rate, mse, alpha, order_of_kind)
+                                                if cfg.lambda_criterion == "accuracy" else (mse,))
+        lam, alpha, kind = min(scores, key=scores.__getitem__)
+        return Choice(lam, alpha, {cand: scores[cand, alpha, kind][0] for cand in cfg.lambda_grid}, kind)
 
     def _class_sums(self, targets: torch.Tensor) -> torch.Tensor:
         """Σ φ over each class's samples without the bias coordinate (C's rows), the nearest-mean classifier's
@@ -507,6 +535,23 @@ class AnalyticHead:
         norms[y.bool()] = (norms[y.bool()] - 2 * w * own_dot + w.pow(2) * phi_sq).clamp_min(0.0)
         dots[y.bool()] = own_left_out
         return dots / (phi_sq.sqrt()[:, None] * norms.sqrt()).clamp_min(1e-12)
+
+    def _left_out_euclidean(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, gram: torch.Tensor,
+                            targets: torch.Tensor) -> torch.Tensor:
+        """(φ_nᵀm_c − ½‖m_c‖²) / s for every scored sample and class, m_c the class mean of φ (without the bias)
+        with sample n taken out of its own class (its sum and its count), s the mean ‖φ‖²."""
+        sums, phi = self._class_sums(targets), x[:, :-1]
+        _, scale = self._class_means(gram, targets)
+        dots = phi @ sums  # φ_n · S_c
+        sums_sq = sums.pow(2).sum(dim=0).expand_as(dots).clone()  # ‖S_c‖²
+        counts = targets[-1].expand_as(dots).clone()
+        own, phi_sq = y.bool(), phi.pow(2).sum(dim=1)
+        own_dot = (dots * y).sum(dim=1)
+        dots[own] = own_dot - w * phi_sq
+        sums_sq[own] = sums_sq[own] - 2 * w * own_dot + w.pow(2) * phi_sq
+        counts[own] = counts[own] - w
+        counts = counts.clamp_min(1e-12)
+        return (dots / counts - 0.5 * sums_sq / counts.pow(2)) / scale
 
     def gcv_scores(self) -> dict[float, float]:
         """Generalised cross-validation of every λ candidate over all N samples summed, from G, C and N only:
@@ -531,8 +576,11 @@ class AnalyticHead:
         scores = phi @ self.weight
         if self.mean_weight:
             body = phi[:, :-1]
-            scores += self.mean_weight * (body @ self.mean_directions) / np.maximum(
-                np.linalg.norm(body, axis=1, keepdims=True), 1e-12)
+            if self.mean_kind == "cosine":
+                scores += self.mean_weight * (body @ self.mean_directions) / np.maximum(
+                    np.linalg.norm(body, axis=1, keepdims=True), 1e-12)
+            else:
+                scores += self.mean_weight * (body @ self.mean_directions + self.mean_offsets)
         return scores
 
     def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -547,7 +595,8 @@ class AnalyticHead:
     def state(self) -> dict[str, np.ndarray]:
         return {**{f"stats.{k}": v for k, v in self.stats.state().items()}, "weight": self.weight.copy(),
                 "weight_classes": self.weight_classes.copy(), "lambda": np.array(self.lam),
-                "mean_weight": np.array(self.mean_weight), "mean_directions": self.mean_directions.copy()}
+                "mean_weight": np.array(self.mean_weight), "mean_directions": self.mean_directions.copy(),
+                "mean_euclidean": np.array(self.mean_kind == "euclidean"), "mean_offsets": self.mean_offsets.copy()}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.stats.restore({k[6:]: v for k, v in state.items() if k.startswith("stats.")})
@@ -556,12 +605,15 @@ class AnalyticHead:
         self.lam = float(state["lambda"])
         self.mean_weight = float(state["mean_weight"])
         self.mean_directions = np.array(state["mean_directions"], np.float64)
+        self.mean_kind = "euclidean" if bool(state["mean_euclidean"]) else "cosine"
+        self.mean_offsets = np.array(state["mean_offsets"], np.float64)
 
     def nbytes(self) -> dict[str, int]:
         """Persistent bytes: the statistics, and W with its class ids and class means (R is regenerated from the
         seed)."""
         return {"statistics": self.stats.nbytes(),
-                "weights": self.weight.nbytes + self.weight_classes.nbytes + self.mean_directions.nbytes}
+                "weights": self.weight.nbytes + self.weight_classes.nbytes + self.mean_directions.nbytes
+                + self.mean_offsets.nbytes}
 
 
 class AnalyticLearner:
@@ -607,9 +659,9 @@ class AnalyticLearner:
                                              weights=self.reservoir.weights(self.seen))
         else:
             choice = self.head.select_lambda(x, labels, seed=self.fits)
-        self.head.solve(choice.lam, choice.mean_weight)
+        self.head.solve(choice.lam, choice.mean_weight, choice.mean_kind)
         self.fits += 1
-        return {"lambda": choice.lam, "mean_weight": choice.mean_weight,
+        return {"lambda": choice.lam, "mean_weight": choice.mean_weight, "mean_euclidean": choice.mean_kind != "cosine",
                 "selection_error": choice.errors[choice.lam]}
 
     @torch.no_grad()

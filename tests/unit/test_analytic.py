@@ -382,10 +382,13 @@ def test_reservoir_head_is_the_same_however_the_stream_is_cut(config):
             np.testing.assert_array_equal(learner.head.logits(x), first.head.logits(x))
 
 
-def test_reservoir_scores_are_leave_one_out_for_the_ridge_and_the_nearest_mean_parts():
+@pytest.mark.parametrize("kind", ["cosine", "euclidean"])
+def test_reservoir_scores_are_leave_one_out_for_the_ridge_and_the_nearest_mean_parts(kind):
     """The error the reservoir selection reports for every (λ, α) equals refitting without each kept sample: the
-    ridge head solved on the statistics minus the sample, plus α times the cosine to the class sums minus it."""
-    config = replace(RESERVOIR, expansion_dim=0, lambda_grid=(0.1, 10.0), mean_weight_grid=(0.0, 0.5, 5.0))
+    ridge head solved on the statistics minus the sample, plus α times the nearest-mean score (the cosine to the
+    class sums, or the scaled Euclidean score of the class means) with the sample taken out."""
+    config = replace(RESERVOIR, expansion_dim=0, lambda_grid=(0.1, 10.0), mean_weight_grid=(0.0, 0.5, 5.0),
+                     mean_kinds=(kind,))
     x, y = clusters(4, per_class=6, classes=4)
     head = AnalyticHead(DIM, config, seed=0)
     head.update(x, y)
@@ -397,7 +400,7 @@ def test_reservoir_scores_are_leave_one_out_for_the_ridge_and_the_nearest_mean_p
                 rest = AnalyticHead(DIM, config, seed=0)
                 rest.restore(head.state())
                 rest.stats.add(fmap(x[[n]]), y[[n]], sign=-1)
-                rest.solve(lam, alpha)
+                rest.solve(lam, alpha, kind)
                 wrong += int(rest.weight_classes[rest.logits(x[[n]]).argmax()] != y[n])
             picked = replace(config, mean_weight_grid=(alpha,))
             alone = AnalyticHead(DIM, picked, seed=0)
@@ -514,3 +517,24 @@ def test_the_nearest_mean_blend_pays_where_classes_have_few_samples():
         gains.append(accuracy[1] - accuracy[0])
         chosen.append(report["mean_weight"])
     assert np.mean(gains) > 0 and sum(a > 0 for a in chosen) >= 12, (gains, chosen)
+
+
+def test_the_euclidean_blend_reaches_the_nearest_mean_where_classes_share_one_isotropic_spread():
+    """Many isotropic classes with one spread around a shared offset, as features that are all positive are (the
+    nearest Euclidean mean is the Bayes rule, and a cosine cannot tell means along one direction apart): over 20
+    seeded problems the head's held-out accuracy is the nearest mean's within a point on average, where the cosine
+    blend alone stays below it."""
+    euclidean, cosine = [], []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        means = 1.0 + rng.normal(0, 0.6, (20, 16))
+        y, test_y = np.repeat(np.arange(20), 40), np.repeat(np.arange(20), 50)
+        x, test_x = (torch.from_numpy((means[labels] + rng.normal(0, 1, (len(labels), 16))).astype(np.float32))
+                     for labels in (y, test_y))
+        class_means = np.stack([x.numpy()[y == c].mean(axis=0) for c in range(20)])
+        nearest = (((test_x.numpy()[:, None] - class_means[None]) ** 2).sum(axis=2).argmin(axis=1) == test_y).mean()
+        for kinds, out in ((("cosine", "euclidean"), euclidean), (("cosine",), cosine)):
+            learner = AnalyticLearner(16, AnalyticConfig(expansion_dim=0, mean_kinds=kinds), seed=0)
+            learner.fit(x, torch.from_numpy(y), None)
+            out.append((learner.predict(test_x, None) == test_y).mean() - nearest)
+    assert np.mean(euclidean) > -0.01 and np.mean(cosine) < np.mean(euclidean) - 0.01, (euclidean, cosine)
