@@ -201,7 +201,8 @@ def summary_table(metrics: dict) -> str:
                  + (f"; unlabelled rows predicted {samples['predicted_unlabelled']} (predictions/)"
                     if samples.get("predicted_unlabelled") else ""))
     prequential = metrics.get("prequential")
-    if prequential and prequential["rows"]:
+    # with boundaries a class-incremental visit is predicted before any of it is learned: the line would read 0
+    if prequential and prequential["rows"] and metrics.get("task_free"):
         lines.append(f"test-then-train: prequential {100 * prequential['accuracy']:.2f} (last {prequential['window']} "
                      f"rows {100 * prequential['window_accuracy']:.2f})   near-future (k={prequential['near_future']}) "
                      f"{100 * prequential['near_future_accuracy']:.2f}   over {prequential['rows']} training rows")
