@@ -269,3 +269,19 @@ def test_anytime_evaluation_is_the_same_in_process_and_on_actors(actors, one_tor
     assert counts.sum() == tested
     assert np.trace(counts) / tested == pytest.approx(np.mean(run.matrix[-1]))  # equal test rows per task
     assert -1 not in classes  # the end model knows every class
+
+
+def test_a_wall_clock_stream_far_faster_than_its_learner_skips_all_it_cannot_take(actors, one_torch_thread, folder,
+                                                                               tmp_path):
+    """Wall mode at a million batches a second: the first round is learned (nothing measured yet), then the
+    learner's measured seconds per batch let through at most the first batch of each later round; every batch is
+    counted once, learned or skipped, and every skipped labelled row is predicted."""
+    config = config_for("task-free", folder, tmp_path, "ncm")
+    config = replace(config, stream=replace(config.stream, realtime=RealtimeConfig("wall", 1e6)))
+    result = runner.run(config, actors=actors)
+    clock, every = result.metrics["realtime"], config.method.consolidate_every
+    rounds = result.metrics["round_log"]
+    assert clock["cost"] > 0 and every <= clock["learned_batches"] <= every + len(rounds) - 1
+    assert clock["learned_batches"] + clock["skipped_batches"] == sum(r["batches"] for r in rounds)
+    assert result.samples.skipped > 0 and result.metrics["prequential"]["skipped"] == result.samples.skipped
+    assert result.samples.learned + result.samples.skipped == result.samples.stream
