@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 import uuid
 
@@ -128,6 +129,14 @@ class ActorCache:
     def placement(self, roles: list[str]) -> dict[str, dict]:
         """Per role: the node its actor runs on, the Ray resources and GPU ids assigned to it, and so its device."""
         return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_placement) for r in roles])))
+
+    def keep_only(self, kind: str, roles: list[str]) -> None:
+        """Free the cached actors of `kind` (a role name and its copies, "encoder" for encoder0, encoder1, ...) that
+        `roles` does not name: a run with fewer replicas or workers than the one before leaves none holding what it
+        reserved."""
+        stale = [r for r in self.handles if re.fullmatch(rf"{re.escape(kind)}\d*", r) and r not in roles]
+        for role in stale:
+            ray.kill(self.handles.pop(role)[3])
 
     def close(self) -> None:
         for *_, handle in self.handles.values():

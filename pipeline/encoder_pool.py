@@ -25,6 +25,7 @@ class EncoderPool:
                    "max_restarts": config.runtime.max_restarts,
                    "scheduling_strategy": "SPREAD" if enc.placement == "spread" else "DEFAULT"}
         self.roles = [f"encoder{i}" for i in range(enc.replicas)]
+        actors.keep_only("encoder", self.roles)
         self.actors, self.max_in_flight = actors, enc.max_in_flight
         for role in self.roles:
             actors.get(role, Encoder, options, enc.spec, payload, enc.threads)

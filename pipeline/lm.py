@@ -126,6 +126,7 @@ class LMContext:
         rt = config.runtime
         # copies of the frozen LM: extraction and answers go to them in turn (stateless, so any copy gives the same)
         self.replicas = [f"lm_encoder{'' if r == 0 else r}" for r in range(rt.lm_replicas)]
+        actors.keep_only("lm_encoder", self.replicas)
         for replica in self.replicas:
             actors.get(replica, LMEncoder, rt.actor_options("lm_encoder", Placement(num_cpus=1)), config.model,
                        rt.actor_threads)

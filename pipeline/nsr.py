@@ -54,6 +54,7 @@ class NSRPipeline:
         options = rt.actor_options("adapter_trainer", Placement(enc.num_cpus, gpus, dict(enc.resources)))
         self.whole_gpus = options["num_gpus"] >= 1  # each worker a GPU of its own: NCCL can all-reduce
         self.workers = [f"adapter_trainer{'' if r == 0 else r}" for r in range(rt.data_parallel)]
+        actors.keep_only("adapter_trainer", self.workers)
         for worker in self.workers:
             actors.get(worker, AdapterTrainer, options, enc.spec, info.payload, self.nsr, n_way, config.seed,
                        enc.threads)
