@@ -1,5 +1,5 @@
 """Malformed batches thrown at the running pipeline: the run never crashes and never drops a row silently
-(every input row is learned or in the dead-letter files)."""
+(every input row is learned, in the dead-letter files, or, without a label, in the predictions sink)."""
 
 import numpy as np
 import pyarrow as pa
@@ -58,10 +58,14 @@ def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, 
 
     dead_dir = root / "runs" / next((root / "runs").iterdir()).name / "dead_letters"
     dead = pq.read_table(dead_dir) if dead_dir.exists() else pa.table({S.SAMPLE_ID: pa.array([], pa.int64())})
+    predicted_dir = dead_dir.parent / "predictions"
+    predicted = (pq.read_table(predicted_dir) if predicted_dir.exists()
+                 else pa.table({S.SAMPLE_ID: pa.array([], pa.int64())}))
     inputs = sum(b.num_rows for b in batches)
-    assert metrics["samples"]["learned"] + dead.num_rows == inputs  # every row accounted for
+    assert metrics["samples"]["predicted_unlabelled"] == predicted.num_rows
+    assert metrics["samples"]["learned"] + dead.num_rows + predicted.num_rows == inputs  # every row accounted for
     learned_ids = set(ray.get(actors.handle("stage2").learned_ids.remote()).tolist())  # the learner's own record
     dead_ids = {i for i in dead.column(S.SAMPLE_ID).to_pylist() if i is not None}
-    assert not learned_ids & dead_ids
+    assert not learned_ids & dead_ids and not learned_ids & set(predicted.column(S.SAMPLE_ID).to_pylist())
     assert metrics["samples"]["refused"] == dead.num_rows
     assert sum(metrics["samples"]["refused_by_reason"].values()) == dead.num_rows
