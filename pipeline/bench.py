@@ -68,7 +68,7 @@ class RunRow:
         online = {"prequential": prequential.get("accuracy"), "near_future": prequential.get("near_future_accuracy"),
                   "skipped": skipped if metrics.get("realtime") else None}
         return cls(metrics["method"], metrics["seed"],
-                   {**metrics["summary"], **{k: np.nan if v is None else v for k, v in online.items()}},
+                   {**metrics["summary"], **{k: v for k, v in online.items() if v is not None}},
                    [float(np.nanmean(row)) if not np.isnan(row).all() else np.nan
                     for row in np.array(metrics["acc_matrix"], dtype=float)],
                    sum(wall.get(k, 0.0) for k in TRAIN_PHASES), int(sum(metrics["memory_bytes"].values())),
@@ -81,7 +81,7 @@ def read_runs(folder: Path) -> list[RunRow]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no bench results to render (run `memcl bench` first)")
     with open(path, newline="") as f:
-        return [RunRow(r["method"], int(r["seed"]), {m: float(r.get(m, "nan")) for m in METRICS},
+        return [RunRow(r["method"], int(r["seed"]), {m: float(r[m]) for m in METRICS if r.get(m) not in (None, "nan")},
                        [float(v) for v in r["curve"].split()], float(r["train_seconds"]), int(r["memory_bytes"]),
                        r["run_dir"]) for r in csv.DictReader(f)]
 

@@ -32,7 +32,8 @@ def test_method_runs_through_the_actor_pipeline(actors, tmp_path, name):
     acc = np.array(metrics["acc_matrix"], dtype=float)
     assert acc.shape == (TASKS, TASKS)
     assert not np.isnan(acc[np.tril_indices(TASKS)]).any() and np.isnan(acc[np.triu_indices(TASKS, 1)]).all()
-    assert acc[-1, -1] > 0.5, f"{name} did not learn the task it just saw: {acc[-1]}"
+    if "input-blind" not in METHODS[name].tags:  # the blind baseline never reads the input it is tested on
+        assert acc[-1, -1] > 0.5, f"{name} did not learn the task it just saw: {acc[-1]}"
     assert metrics["summary"]["a_last"] == pytest.approx(acc[-1].mean())
     samples = metrics["samples"]
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == TASKS * 2 * TRAIN_PER_CLASS
