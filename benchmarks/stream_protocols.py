@@ -44,7 +44,7 @@ def cell(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("waits", type=Path, help="bench output folder of the stream that waits (holds SUITE/)")
-    parser.add_argument("realtime", type=Path, nargs="+", help="bench output folders of the stream that does not "
+    parser.add_argument("realtime", type=Path, nargs="*", help="bench output folders of the stream that does not "
                         "wait, one per rate (named ..._RATE)")
     args = parser.parse_args()
     for suite in sorted(p.name for p in args.waits.iterdir() if (p / "runs.csv").exists()):
