@@ -13,6 +13,7 @@ from memcl.pipeline.roles import RunResult
 from memcl_ops.learners import build_learner
 from memcl_ops.method_config import LMMethodConfig, MethodConfig
 from memcl_ops.methods import METHODS, method_spec
+from memcl_ops.realtime import start_clock
 from memcl_ops.roles.stream_source import StreamSource
 from memcl_ops.rounds import InProcessRun, Schedule, plan_rounds, stream_in_process
 
@@ -42,7 +43,7 @@ def run_in_process(method: str = "mars", settings: dict[str, Any] | None = None,
         raise ValueError(f"{method} is an LM method: drive `memcl.build_learner({method!r}, ...)` over text-pair "
                          "batches, or run it with `memcl.run`")
     cfg = _run_config(method, settings, config, seed)
-    source = StreamSource(cfg.data, cfg.stream, cfg.runtime.max_batch_rows)
+    source = StreamSource(cfg.data, cfg.stream, cfg.runtime.max_batch_rows, unlabelled=spec.family == "features")
     info = source.describe()
     if spec.family == "nsr":
         learner = build_learner(method, cfg.method, seed=seed, encoder=cfg.encoder.spec, payload=info.payload,
@@ -51,11 +52,14 @@ def run_in_process(method: str = "mars", settings: dict[str, Any] | None = None,
         raise ValueError(f"the stream {info.name!r} carries {info.payload!r}, not features: run it with `memcl.run` "
                          "(its feature cache encodes it), or stream features")
     else:
-        learner = build_learner(method, cfg.method, seed=seed, feature_dim=info.feature_dim)
-    every = cfg.method.consolidate_every
-    rounds = len(plan_rounds(info, cfg.stream.task_free, every))
-    schedule = Schedule(cfg.stream.task_free, rounds, cfg.runtime.evaluate_every, cfg.runtime.evaluate_window)
-    return stream_in_process(learner, source, schedule, every)
+        learner = build_learner(method, cfg.method, seed=seed, feature_dim=info.feature_dim,
+                                near_future=cfg.runtime.prequential.near_future)
+    rt, every = cfg.runtime, cfg.method.consolidate_every
+    rounds = len(plan_rounds(info, cfg.stream.task_free, every, rt.anytime))
+    schedule = Schedule(cfg.stream.task_free, rounds, rt.evaluate_every, rt.evaluate_window, rt.anytime)
+    realtime = cfg.stream.realtime
+    clock = start_clock(realtime, spec, cfg.method) if realtime.on else None
+    return stream_in_process(learner, source, schedule, every, clock, realtime)
 
 
 def _run_config(method: str, settings: dict[str, Any] | None, config: str | Path | None, seed: int) -> RunConfig:

@@ -89,15 +89,12 @@ class HeadLearner(Protocol):
     # (the predicted class, the head's own score of it) per row: what test-then-train predictions record
     def scored(self, features: torch.Tensor, memory: FeatureMemory | None) -> tuple[np.ndarray, np.ndarray]: ...
 
+    # optional, for a head that learns each batch right after predicting it (the blind baseline), not only at
+    # consolidation: observe(features, labels, memory) takes one batch's labelled rows
+
     def state(self) -> dict[str, np.ndarray]: ...
 
     def restore(self, state: dict[str, np.ndarray]) -> None: ...
 
     def memory_bytes(self) -> dict[str, int]: ...
 
-
-class OnlineHead(HeadLearner, Protocol):
-    """A head that also learns each training batch right after predicting it (test-then-train at batch granularity),
-    not only at consolidation: `observe` takes one batch's labelled rows."""
-
-    def observe(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> None: ...

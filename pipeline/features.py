@@ -304,7 +304,7 @@ class FeaturePipeline:
                                                     letters))
                  for t in range(len(self.info.task_classes)) for k in range(self.info.test_batches[t])]
         pairs = np.concatenate([np.zeros((0, 2), np.int64), *ray.get(parts)])
-        classes = sorted({c for task in self.info.task_classes for c in task} | set(pairs[:, 1].tolist()))
+        classes = sorted({c for task in self.info.task_classes for c in task} | set(pairs.ravel().tolist()))
         index = {c: i for i, c in enumerate(classes)}
         counts = np.zeros((len(classes), len(classes)), np.int64)
         np.add.at(counts, ([index[c] for c in pairs[:, 0]], [index[c] for c in pairs[:, 1]]), 1)

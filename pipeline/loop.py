@@ -268,7 +268,7 @@ def _write_predictions(run_dir: Path, r: int, predicted: pa.Table) -> None:
         path.unlink(missing_ok=True)
         return
     path.parent.mkdir(exist_ok=True)
-    pq.write_table(predicted.drop_columns([S.LABEL]), path)
+    pq.write_table(predicted.drop_columns([S.LABEL, "learned"]), path)
 
 
 def _settle_late_labels(run_dir: Path, state: RunState, tally: Tally, learned: pa.Table) -> None:

@@ -112,6 +112,8 @@ class AnalyticConfig:
             raise ValueError("analytic.mean_weight_grid above 0 is scored on samples (not gcv), by accuracy, and needs "
                              "bias = true (the bias coordinate is left out of the class means); set "
                              "analytic.mean_weight_grid=[0] for the plain ridge head")
+        if not self.mean_kinds or not set(self.mean_kinds) <= {"cosine", "euclidean"}:
+            raise ValueError(f"analytic.mean_kinds: {list(self.mean_kinds)}; one or both of cosine, euclidean")
         if self.half_life and self.lambda_selection == "gcv":
             raise ValueError("analytic.lambda_selection = gcv counts every sample once; it cannot score a head with "
                              "half_life > 0")
@@ -538,20 +540,23 @@ class AnalyticHead:
 
     def _left_out_euclidean(self, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, gram: torch.Tensor,
                             targets: torch.Tensor) -> torch.Tensor:
-        """(φ_nᵀm_c − ½‖m_c‖²) / s for every scored sample and class, m_c the class mean of φ (without the bias)
-        with sample n taken out of its own class (its sum and its count), s the mean ‖φ‖²."""
+        """(φ_nᵀm_c − ½‖m_c‖²) / s for every scored sample and class, as if sample n had never been summed: m_c the
+        class mean of φ (without the bias) with n out of its own class's sum and count, s the mean ‖φ‖² without n.
+        A class left with no weight scores 0."""
         sums, phi = self._class_sums(targets), x[:, :-1]
-        _, scale = self._class_means(gram, targets)
         dots = phi @ sums  # φ_n · S_c
         sums_sq = sums.pow(2).sum(dim=0).expand_as(dots).clone()  # ‖S_c‖²
         counts = targets[-1].expand_as(dots).clone()
         own, phi_sq = y.bool(), phi.pow(2).sum(dim=1)
         own_dot = (dots * y).sum(dim=1)
         dots[own] = own_dot - w * phi_sq
-        sums_sq[own] = sums_sq[own] - 2 * w * own_dot + w.pow(2) * phi_sq
+        sums_sq[own] = (sums_sq[own] - 2 * w * own_dot + w.pow(2) * phi_sq).clamp_min(0.0)
         counts[own] = counts[own] - w
-        counts = counts.clamp_min(1e-12)
-        return (dots / counts - 0.5 * sums_sq / counts.pow(2)) / scale
+        empty = counts <= 1e-9
+        counts = counts.clamp_min(1e-9)
+        scale = (gram.diagonal()[:-1].sum() - w * phi_sq) / (gram[-1, -1] - w).clamp_min(1e-9)
+        score = (dots / counts - 0.5 * sums_sq / counts.pow(2)) / scale.clamp_min(1e-12)[:, None]
+        return torch.where(empty, torch.zeros_like(score), score)
 
     def gcv_scores(self) -> dict[float, float]:
         """Generalised cross-validation of every λ candidate over all N samples summed, from G, C and N only:

@@ -225,6 +225,7 @@ class ArrowDirStream:
                     self.visits.append(0)
                     self.visit_slices.append([])
                 self.visit_slices[-1] += self._slices(path, table.num_rows)
+                self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
                 continue
             awaiting.update(_unlabelled_rows(path, table))
             self.class_names = self.class_names or _metadata_names(table.schema)
@@ -252,6 +253,14 @@ class ArrowDirStream:
             self._open = (path, _read_table(path))
         return self._open[1]
 
+    @property
+    def _payload_type(self) -> pa.DataType:
+        """The payload column's type as the gate accepts it (a null row of it is refused as null, not as a schema
+        error); an image's size is not known here."""
+        if self.payload == "features":
+            return pa.list_(pa.float32(), self.feature_dim)
+        return pa.string() if self.payload == "text" else pa.null()
+
     def _label_file(self, table: pa.Table) -> bool:
         names = table.schema.names
         return S.SAMPLE_ID in names and S.LABEL in names and self.payload not in names
@@ -277,7 +286,8 @@ class ArrowDirStream:
             source = None if origin is None else files[origin[0]]
             if source is None or not set(columns) <= set(source.schema.names):
                 row = pa.table({S.SAMPLE_ID: pa.array([ids[k]], pa.int64()), S.TASK_ID: pa.nulls(1, pa.int32()),
-                                S.LABEL: pa.array([values[k]], pa.int32()), self.payload: pa.nulls(1)})
+                                S.LABEL: pa.array([values[k]], pa.int32()),
+                                self.payload: pa.nulls(1, self._payload_type)})
             else:
                 row = self._features_as_contract(source.slice(origin[1], 1).select(columns))
                 row = row.set_column(2, row.schema.field(2), pa.array([values[k]], row.schema.field(2).type))

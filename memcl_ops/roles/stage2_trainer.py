@@ -96,7 +96,7 @@ class Stage2Trainer:
                                  for part in S.stream_batches(b)):
                 features = S.features_to_torch(batch)
                 prediction, score = self.learner.scored(features, self.memory)
-                _, old, memory = self._model_for(self.position - self.near_future + 1)
+                old, memory = self._model_for(self.position - self.near_future + 1)
                 near = prediction if old is self.learner else old.predict(features, memory)
                 tables.append(prediction_table(batch, prediction, score, near, self.fits, takes))
                 self.position += 1
@@ -107,11 +107,12 @@ class Stage2Trainer:
             return pa.concat_tables(tables) if tables else prediction_table(
                 S.feature_batch(np.zeros(0, np.int64), np.zeros((0, self.feature_dim))), *([np.zeros(0)] * 3), 0)
 
-    def _model_for(self, batch: int) -> tuple[int, HeadLearner, FeatureMemory | None]:
-        """The model that predicted batch `batch` (before the stream's start: the first one)."""
+    def _model_for(self, batch: int) -> tuple[HeadLearner, FeatureMemory | None]:
+        """The model (head, memory) that predicted batch `batch` (before the stream's start: the first one)."""
         if batch >= self.current_from or not self.versions:
-            return self.current_from, self.learner, self.memory
-        return next((v for v in reversed(self.versions) if v[0] <= batch), self.versions[0])
+            return self.learner, self.memory
+        _, learner, memory = next((v for v in reversed(self.versions) if v[0] <= batch), self.versions[0])
+        return learner, memory
 
     def _keep_version(self) -> None:
         """The model is about to change: keep it for the near-future predictions still to come (a model that

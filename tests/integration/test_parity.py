@@ -25,6 +25,7 @@ from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
 from memcl_ops.methods import family_methods, method_spec
 from memcl_ops.models.causal_lm import LMSpec
+from memcl_ops.prequential import PrequentialConfig
 from memcl_ops.realtime import RealtimeConfig, declared_cost, start_clock
 from memcl_ops.roles.stream_source import StreamSource
 from memcl_ops.rounds import Schedule, plan_rounds, stream_in_process
@@ -285,3 +286,23 @@ def test_a_wall_clock_stream_far_faster_than_its_learner_skips_all_it_cannot_tak
     assert clock["learned_batches"] + clock["skipped_batches"] == sum(r["batches"] for r in rounds)
     assert result.samples.skipped > 0 and result.metrics["prequential"]["skipped"] == result.samples.skipped
     assert result.samples.learned + result.samples.skipped == result.samples.stream
+
+
+def test_memcls_in_process_entry_point_takes_the_stream_learning_settings(actors, one_torch_thread, tmp_path):
+    """`memcl.run_in_process` with a stream that does not wait, anytime evaluation and another near-future k gives
+    the runner's matrices and test-then-train figures."""
+    import memcl
+
+    settings = {"data.dataset": "synthetic", "data.synthetic.classes": 6, "data.synthetic.dim": DIM,
+                "data.synthetic.train_per_class": 30, "data.synthetic.test_per_class": 10, "stream.tasks": 3,
+                "stream.batch_size": 15, "method.stage2.optim.epochs": 2, "runtime.out": str(tmp_path),
+                "runtime.progress": False, "runtime.actor_threads": 1, "runtime.checkpoint": False,
+                "stream.realtime.mode": "simulated", "stream.realtime.rate": 1.0, "runtime.anytime": 2,
+                "runtime.prequential.near_future": 3}
+    local = memcl.run_in_process("finetune", settings)
+    metrics = memcl.run("finetune", settings).metrics
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"], dtype=float), local.matrix)
+    np.testing.assert_array_equal(np.array(metrics["anytime"]["matrix"]), np.array(local.anytime))
+    assert metrics["prequential"] == local.prequential(RuntimeConfig(prequential=PrequentialConfig(near_future=3))
+                                                       .prequential)
+    assert metrics["prequential"]["near_future"] == 3 and metrics["samples"]["skipped"] > 0
