@@ -217,7 +217,8 @@ def verdict_lines(table: dict[str, dict]) -> list[str]:
         lines.append(f"- mars is {ranked.index('mars') + 1} of {len(ranked)}; {gap:+.2f} points against the best "
                      f"baseline ({baselines[0]})")
     online = [m for m in table if not np.isnan(table[m]["prequential"][0])]
-    if online:
+    # with boundaries every class-incremental visit is predicted before it is learned: all 0, no winner to name
+    if any(table[m]["prequential"][0] > 0 for m in online):
         by = lambda key: max(online, key=lambda m: table[m][key][0])  # noqa: E731
         lines.append(f"- test-then-train: best prequential {by('prequential')} "
                      f"({100 * table[by('prequential')]['prequential'][0]:.2f}), best near-future {by('near_future')} "

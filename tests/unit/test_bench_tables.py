@@ -67,6 +67,8 @@ def test_test_then_train_columns_and_their_verdict_beside_a_last():
     table = bench.aggregate([online("blind", 0.1, 0.9, 0.2), online("mars", 0.8, 0.6, 0.55), row("slda", 0.7)])
     assert "- test-then-train: best prequential blind (90.00), best near-future mars (55.00)" in bench.verdict_lines(
         table)
+    zero = bench.aggregate([online("mars", 0.8, 0.0, 0.0), online("slda", 0.7, 0.0, 0.0)])
+    assert not any("test-then-train" in line for line in bench.verdict_lines(zero))  # nothing to tell apart
     body = {line.split("|")[1].strip(): line for line in bench.markdown(suite("fmnist-5x2"), table, 1).splitlines()
             if line.startswith("| ") and "method" not in line}
     assert body["mars"].endswith("| 60.00 | 55.00 | 25.00 | 1.0 | 10 |")
