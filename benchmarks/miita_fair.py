@@ -9,8 +9,9 @@
 
 Streams: `partly` (tasks the frozen base can partly do: bbc-topic, sentiment-negation, word-category; 32 train / 40
 test each), `superni-a` and `superni-b` (the shipped SuperNI order-A subsample, in order and reversed), `format`
-(the five format-learning tasks of `memcl lm`'s default: answers the base cannot know). For each stream, MIITA's
-knobs (answer positions kept, centred keys) are first chosen on the dev split (a held-out quarter of the training
+(the five format-learning tasks of `memcl lm`'s default: answers the base cannot know), `open` (capital-city,
+plural, past-tense: every answer its own, no test answer among the training answers; 32 train / 32 test each).
+For each stream, MIITA's knobs (answer positions kept, centred keys) are first chosen on the dev split (a held-out quarter of the training
 pairs, seed 0, 8 KiB; no test item is seen), then every method runs on the test pairs at every budget and seed
 (`miita-paper` only where one of its fp16 prototypes fits). Prints one markdown table per
 stream: mean ± std over seeds of OP (the headline: exact match, ROUGE-L on free text), OP of each score, BWT,
@@ -35,7 +36,7 @@ from memcl.pipeline import lm, runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RuntimeConfig
 from memcl_ops.data import superni
-from memcl_ops.data.lm_tasks import PARTLY_CAPABLE, LMStreamSpec
+from memcl_ops.data.lm_tasks import OPEN_ANSWERS, PARTLY_CAPABLE, LMStreamSpec
 from memcl_ops.miita.directions import prototype_bytes
 from memcl_ops.models.causal_lm import LMSpec
 
@@ -53,7 +54,7 @@ def streams(tiny: bool) -> dict[str, LMStreamSpec]:
         return {"partly": LMStreamSpec(tasks=PARTLY_CAPABLE[1:], train_per_task=8, test_per_task=4)}
     return {"partly": LMStreamSpec(tasks=PARTLY_CAPABLE, train_per_task=32, test_per_task=40),
             "superni-a": LMStreamSpec(tasks=order), "superni-b": LMStreamSpec(tasks=order[::-1]),
-            "format": LMStreamSpec()}
+            "format": LMStreamSpec(), "open": LMStreamSpec(tasks=OPEN_ANSWERS, train_per_task=32, test_per_task=32)}
 
 
 def base_config(stream: LMStreamSpec, tiny: bool, out: str) -> lm.LMRunConfig:
@@ -145,7 +146,7 @@ def markdown(name: str, rows: dict[str, dict], knobs: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", nargs="+", default=None, help="partly, superni-a, superni-b, format")
+    parser.add_argument("--streams", nargs="+", default=None, help="partly, superni-a, superni-b, format, open")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS))

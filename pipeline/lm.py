@@ -120,7 +120,7 @@ class LMContext:
 
     def __init__(self, config: LMRunConfig, tasks: list[TextTask], actors: ActorCache):
         self.config, self.tasks, self.actors = config, tasks, actors
-        train, test = task_batches(tasks, config.stream.batch_size)
+        train, test = task_batches(tasks, config.stream.batch_size, config.stream.answer_batch_size)
         self.train = [[ray.put(b) for b in batches] for batches in train]
         self.test = [[ray.put(b) for b in batches] for batches in test]
         rt = config.runtime

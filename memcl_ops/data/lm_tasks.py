@@ -59,7 +59,10 @@ class LMStreamSpec:
     # "dev": answer a held-out quarter of each task's training pairs instead of its test pairs (choosing knobs
     # without seeing a test item); "test": the test pairs
     evaluate_on: str = "test"
-    batch_size: int = 16  # text pairs per Arrow batch
+    batch_size: int = 16  # text pairs per Arrow batch of training pairs
+    # prompts per Arrow batch answered together: one decoding step then reads the LM's weights once for all of them
+    # (benchmarks/RESULTS.md, "Answering at the cost of what differs")
+    answer_batch_size: int = 32
 
 
 def normalise(text: str) -> str:
@@ -259,6 +262,83 @@ def sentiment_negation(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask
                     ("negative", "positive"))
 
 
+CAPITALS = (
+    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Portugal", "Lisbon"),
+    ("Greece", "Athens"), ("Austria", "Vienna"), ("Poland", "Warsaw"), ("Hungary", "Budapest"), ("Sweden", "Stockholm"),
+    ("Norway", "Oslo"), ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Ireland", "Dublin"),
+    ("Belgium", "Brussels"), ("the Netherlands", "Amsterdam"), ("Switzerland", "Bern"),
+    ("the Czech Republic", "Prague"),
+    ("Romania", "Bucharest"), ("Bulgaria", "Sofia"), ("Serbia", "Belgrade"), ("Croatia", "Zagreb"), ("Ukraine", "Kyiv"),
+    ("Russia", "Moscow"), ("Turkey", "Ankara"), ("Egypt", "Cairo"), ("Kenya", "Nairobi"), ("Nigeria", "Abuja"),
+    ("Ethiopia", "Addis Ababa"), ("Ghana", "Accra"), ("Morocco", "Rabat"), ("Algeria", "Algiers"), ("Tunisia", "Tunis"),
+    ("Senegal", "Dakar"), ("Uganda", "Kampala"), ("Japan", "Tokyo"), ("China", "Beijing"), ("India", "New Delhi"),
+    ("Pakistan", "Islamabad"), ("Bangladesh", "Dhaka"), ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"),
+    ("Indonesia", "Jakarta"), ("the Philippines", "Manila"), ("Malaysia", "Kuala Lumpur"), ("South Korea", "Seoul"),
+    ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Saudi Arabia", "Riyadh"), ("Lebanon", "Beirut"), ("Syria", "Damascus"),
+    ("Jordan", "Amman"), ("Afghanistan", "Kabul"), ("Nepal", "Kathmandu"), ("Mongolia", "Ulaanbaatar"),
+    ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Cuba", "Havana"), ("Peru", "Lima"), ("Chile", "Santiago"),
+    ("Argentina", "Buenos Aires"), ("Colombia", "Bogota"), ("Venezuela", "Caracas"), ("Ecuador", "Quito"),
+    ("Uruguay", "Montevideo"), ("Australia", "Canberra"), ("New Zealand", "Wellington"), ("Iceland", "Reykjavik"),
+    ("Estonia", "Tallinn"), ("Latvia", "Riga"), ("Lithuania", "Vilnius"), ("Slovakia", "Bratislava"),
+    ("Slovenia", "Ljubljana"), ("Albania", "Tirana"))
+PLURALS = (
+    ("child", "children"), ("mouse", "mice"), ("goose", "geese"), ("man", "men"), ("woman", "women"),
+    ("tooth", "teeth"), ("foot", "feet"), ("person", "people"), ("ox", "oxen"), ("cactus", "cacti"),
+    ("fungus", "fungi"), ("nucleus", "nuclei"), ("radius", "radii"), ("crisis", "crises"), ("thesis", "theses"),
+    ("analysis", "analyses"), ("phenomenon", "phenomena"), ("criterion", "criteria"), ("leaf", "leaves"),
+    ("knife", "knives"), ("wife", "wives"), ("wolf", "wolves"), ("loaf", "loaves"), ("half", "halves"),
+    ("shelf", "shelves"), ("calf", "calves"), ("thief", "thieves"), ("box", "boxes"), ("fox", "foxes"),
+    ("bus", "buses"), ("church", "churches"), ("dish", "dishes"), ("watch", "watches"), ("kiss", "kisses"),
+    ("brush", "brushes"), ("city", "cities"), ("baby", "babies"), ("lady", "ladies"), ("party", "parties"),
+    ("story", "stories"), ("puppy", "puppies"), ("berry", "berries"), ("hero", "heroes"), ("potato", "potatoes"),
+    ("tomato", "tomatoes"), ("echo", "echoes"), ("piano", "pianos"), ("photo", "photos"), ("cat", "cats"),
+    ("dog", "dogs"), ("tree", "trees"), ("house", "houses"), ("car", "cars"), ("book", "books"), ("chair", "chairs"),
+    ("table", "tables"), ("bird", "birds"), ("flower", "flowers"), ("river", "rivers"), ("cloud", "clouds"),
+    ("apple", "apples"), ("lamp", "lamps"), ("door", "doors"), ("cup", "cups"), ("shoe", "shoes"), ("hat", "hats"),
+    ("key", "keys"), ("toy", "toys"), ("day", "days"), ("boy", "boys"))
+PAST_TENSES = (
+    ("go", "went"), ("see", "saw"), ("eat", "ate"), ("take", "took"), ("give", "gave"), ("write", "wrote"),
+    ("run", "ran"), ("swim", "swam"), ("sing", "sang"), ("drink", "drank"), ("begin", "began"), ("break", "broke"),
+    ("choose", "chose"), ("speak", "spoke"), ("steal", "stole"), ("freeze", "froze"), ("drive", "drove"),
+    ("ride", "rode"), ("rise", "rose"), ("fly", "flew"), ("grow", "grew"), ("know", "knew"), ("throw", "threw"),
+    ("draw", "drew"), ("fall", "fell"), ("hold", "held"), ("stand", "stood"), ("understand", "understood"),
+    ("teach", "taught"), ("catch", "caught"), ("buy", "bought"), ("bring", "brought"), ("think", "thought"),
+    ("fight", "fought"), ("seek", "sought"), ("sell", "sold"), ("tell", "told"), ("feel", "felt"), ("keep", "kept"),
+    ("sleep", "slept"), ("leave", "left"), ("meet", "met"), ("lead", "led"), ("feed", "fed"), ("send", "sent"),
+    ("spend", "spent"), ("build", "built"), ("lend", "lent"), ("make", "made"), ("pay", "paid"), ("say", "said"),
+    ("find", "found"), ("win", "won"), ("sit", "sat"), ("forget", "forgot"), ("get", "got"), ("lose", "lost"),
+    ("shoot", "shot"), ("dig", "dug"), ("hang", "hung"), ("walk", "walked"), ("play", "played"), ("jump", "jumped"),
+    ("cook", "cooked"), ("dance", "danced"), ("laugh", "laughed"), ("clean", "cleaned"), ("open", "opened"),
+    ("wash", "washed"), ("help", "helped"))
+
+
+def _open_answers(name: str, items: tuple[tuple[str, str], ...], question: str, spec: LMStreamSpec,
+                  rng: np.random.Generator) -> TextTask:
+    """A task whose every item has an answer of its own: test items are items no training pair holds, so no test
+    answer is a training answer (what a memory of answers cannot copy)."""
+    need = spec.test_per_task + min(spec.train_per_task, len(items) - spec.test_per_task)
+    if spec.test_per_task >= len(items) or need > len(items):
+        raise ValueError(f"{name} has {len(items)} items; test_per_task {spec.test_per_task} leaves none to train")
+    order = rng.permutation(len(items))
+    test, rest = [items[i] for i in order[:spec.test_per_task]], [items[i] for i in order[spec.test_per_task:]]
+    train = [rest[i % len(rest)] for i in range(spec.train_per_task)]
+    return TextTask(name, tuple(TextPair(question.format(x), y) for x, y in train),
+                    tuple(TextPair(question.format(x), y) for x, y in test), (), 6)
+
+
+def capital_city(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    return _open_answers("capital-city", CAPITALS, "What is the capital city of {}?", spec, rng)
+
+
+def plural(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    return _open_answers("plural", PLURALS, "What is the plural of the English noun '{}'?", spec, rng)
+
+
+def past_tense(spec: LMStreamSpec, rng: np.random.Generator) -> TextTask:
+    return _open_answers("past-tense", PAST_TENSES, "What is the simple past tense of the English verb '{}'?", spec,
+                         rng)
+
+
 BUILDERS: dict[str, Callable[[LMStreamSpec, np.random.Generator], TextTask]] = {
     "bbc-topic": bbc_topic,
     "fortune-topic": fortune_topic,
@@ -267,9 +347,14 @@ BUILDERS: dict[str, Callable[[LMStreamSpec, np.random.Generator], TextTask]] = {
     "made-up-base": made_up_base,
     "sentiment-negation": sentiment_negation,
     "word-category": word_category,
+    "capital-city": capital_city,
+    "plural": plural,
+    "past-tense": past_tense,
 }
 # tasks the frozen base can partly do: it knows what the labels mean (LMStreamSpec's default is format learning)
 PARTLY_CAPABLE = ("bbc-topic", "sentiment-negation", "word-category")
+# tasks whose answers never repeat: a fact lookup and two word transformations, no test answer among the training ones
+OPEN_ANSWERS = ("capital-city", "plural", "past-tense")
 
 
 def build_stream(spec: LMStreamSpec) -> list[TextTask]:
@@ -281,9 +366,9 @@ def build_stream(spec: LMStreamSpec) -> list[TextTask]:
         raise ValueError(f"unknown LM task(s) {unknown}; known: {sorted(BUILDERS)}")
     if spec.evaluate_on not in ("test", "dev"):
         raise ValueError(f"evaluate_on {spec.evaluate_on!r} is not one of test, dev")
-    if spec.train_per_task < 1 or spec.test_per_task < 1:
-        raise ValueError(f"train_per_task ({spec.train_per_task}) and test_per_task ({spec.test_per_task}) "
-                         "must be >= 1")
+    for name in ("train_per_task", "test_per_task", "batch_size", "answer_batch_size"):
+        if getattr(spec, name) < 1:
+            raise ValueError(f"stream.{name} must be >= 1, got {getattr(spec, name)}")
     tasks = [superni.load_task(name.removeprefix("superni:"), root, seed=spec.seed) if name.startswith("superni:")
              else BUILDERS[name](spec, np.random.default_rng([spec.seed, list(BUILDERS).index(name)]))
              for name in spec.tasks]
@@ -303,16 +388,19 @@ def dev_split(task: TextTask) -> TextTask:
 TaskBatches = list[list[pa.RecordBatch]]  # per task, its batches in order
 
 
-def task_batches(tasks: Sequence[TextTask], batch_size: int) -> tuple[TaskBatches, TaskBatches]:
-    """Every task's train and test pairs as Arrow text-pair batches of `batch_size` (train, test; each per task, in
-    order), sample ids increasing along the stream (a task's train pairs, then its test pairs, then the next task)."""
+def task_batches(tasks: Sequence[TextTask], batch_size: int, answer_batch_size: int | None = None
+                 ) -> tuple[TaskBatches, TaskBatches]:
+    """Every task's train and test pairs as Arrow text-pair batches of `batch_size` (test pairs: `answer_batch_size`,
+    default the same) (train, test; each per task, in order), sample ids increasing along the stream (a task's train
+    pairs, then its test pairs, then the next task)."""
     out: dict[str, TaskBatches] = {"train": [], "test": []}
     next_id = 0
     for t, task in enumerate(tasks):
-        for split, pairs in (("train", task.train), ("test", task.test)):
+        for split, pairs, size in (("train", task.train, batch_size),
+                                   ("test", task.test, answer_batch_size or batch_size)):
             batches = []
-            for start in range(0, len(pairs), batch_size):
-                chunk = pairs[start:start + batch_size]
+            for start in range(0, len(pairs), size):
+                chunk = pairs[start:start + size]
                 ids = np.arange(next_id, next_id + len(chunk))
                 next_id += len(chunk)
                 batches.append(S.text_pair_batch(ids, [p.prompt for p in chunk], [p.answer for p in chunk],

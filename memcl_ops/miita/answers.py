@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from memcl_ops.models.causal_lm import CausalLM
 
 ANCHOR_COUNT_BYTES = 2  # |A_j| as uint16: the layout of the pooled anchor array
+VOTE_BYTES = 2  # a prototype's recorded trials and hits per position, uint16 (saturating)
+POOLED_VOTE_BYTES = 4  # the memory's pooled trials and hits per position, uint32
+VOTE_CAP = np.iinfo(np.uint16).max
 LENGTH_BYTES = 1  # stored answer positions per prototype, uint8 (positions <= 255)
 CENTRE_HEADER_BYTES = 8  # the centre's float32 scale and int32 count
 DEFAULT_MEMORY, DEFAULT_ADAPT = MemoryConfig(), AdaptConfig()
@@ -65,10 +68,12 @@ def centre_bytes(hidden: int) -> int:
     return hidden + CENTRE_HEADER_BYTES
 
 
-def answer_prototype_bytes(hidden: int, answer_len: int, anchors: int, anchor_code: str, token_bytes: int = 2) -> int:
-    """One prototype: its answer tokens, their count, the write count, the anchor count and the anchors."""
+def answer_prototype_bytes(hidden: int, answer_len: int, anchors: int, anchor_code: str, token_bytes: int = 2,
+                           votes: bool = False) -> int:
+    """One prototype: its answer tokens, their count, the write count, the anchor count and the anchors, plus its
+    vote record (trials, hits per answer position) when `votes`."""
     return (answer_len * token_bytes + LENGTH_BYTES + COUNT_BYTES + ANCHOR_COUNT_BYTES
-            + anchors * anchor_width(hidden, anchor_code))
+            + anchors * anchor_width(hidden, anchor_code) + (VOTE_BYTES * (1 + answer_len) if votes else 0))
 
 
 def token_dtype(vocab: int) -> np.dtype:
@@ -117,14 +122,21 @@ class AnswerMemory:
         self.centre_count = 0
         self.writes = self.repairs = 0
         self._by_answer: dict[bytes, int] = {}
+        # the vote record (MemoryConfig.record_votes): per prototype, how often it was the nearest one to a new
+        # experience, and at each answer position how often its token was that experience's token
+        self.trials: list[int] = []
+        self.hits: list[np.ndarray] = []
+        self.pooled_trials = 0
+        self.pooled_hits = np.zeros(config.positions, np.int64)
 
     # ---------------------------------------------------------------- bytes
     def fixed_bytes(self) -> int:
-        return centre_bytes(self.hidden) if self.config.centre_keys else 0
+        pooled = POOLED_VOTE_BYTES * (1 + self.config.positions) if self.config.record_votes else 0
+        return (centre_bytes(self.hidden) if self.config.centre_keys else 0) + pooled
 
     def prototype_bytes(self, answer_len: int, anchors: int) -> int:
         return answer_prototype_bytes(self.hidden, answer_len, anchors, self.config.anchor_code,
-                                      self.tokens_dtype.itemsize)
+                                      self.tokens_dtype.itemsize, self.config.record_votes)
 
     def nbytes(self) -> int:
         return self.fixed_bytes() + sum(self.prototype_bytes(len(t), len(a))
@@ -179,11 +191,15 @@ class AnswerMemory:
             self.update_centre(key.unsqueeze(0))
         unit = self.centred(key.unsqueeze(0))
         tokens = tokens.astype(self.tokens_dtype)
+        if self.config.record_votes and len(self):
+            self._record_vote(unit[0], tokens)
         j = self._by_answer.get(tokens.tobytes())
         if j is None:
             self.answers.append(tokens)
             self.anchors.append(encode_anchor(unit, self.config.anchor_code))
             self.counts.append(1)
+            self.trials.append(0)
+            self.hits.append(np.zeros(len(tokens), np.int64))
             self._by_answer[tokens.tobytes()] = j = len(self.answers) - 1
             action, added = "new", True
         else:
@@ -199,6 +215,33 @@ class AnswerMemory:
             action = "merged"
         repairs = self._repair()
         return WriteResult(action, self._by_answer.get(tokens.tobytes(), -1), added, repairs)
+
+    def _record_vote(self, unit: torch.Tensor, tokens: np.ndarray) -> None:
+        """Test-then-write: would the nearest prototype's token have been this experience's, position by position?"""
+        units, owner = self.anchor_units()
+        j = int(owner[int((units @ unit).argmax())])
+        stored = self.answers[j]
+        n = min(len(stored), len(tokens))
+        agree = np.zeros(len(stored), np.int64)
+        agree[:n] = stored[:n] == tokens[:n]
+        self.trials[j] = min(self.trials[j] + 1, VOTE_CAP)
+        self.hits[j] = np.minimum(self.hits[j] + agree, VOTE_CAP)
+        self.pooled_trials += 1
+        self.pooled_hits[:len(agree)] += agree
+
+    def reliability(self, prior: float) -> torch.Tensor:
+        """(J, positions): each prototype's estimated chance that its token at a position is a new query's, its own
+        record shrunk toward the pooled one by `prior` pseudo-votes (the pooled rate Laplace-smoothed); ones when no
+        votes are recorded (the gate is then open)."""
+        out = torch.ones(len(self), self.config.positions)
+        if not self.config.record_votes:
+            return out
+        pooled = (self.pooled_hits + 1) / (self.pooled_trials + 2)
+        for j, (trials, hits) in enumerate(zip(self.trials, self.hits)):
+            n = len(hits)
+            out[j, :n] = torch.from_numpy((hits + prior * pooled[:n]) / (trials + prior)).float() if trials + prior \
+                else torch.from_numpy(pooled[:n]).float()
+        return out
 
     def write_batch(self, extracted: pa.RecordBatch) -> dict[str, int]:
         """WRITE every row of a key/answer-token batch, in stream order; returns what the writes did."""
@@ -243,7 +286,10 @@ class AnswerMemory:
         keep, drop = (i, j) if self.counts[i] >= self.counts[j] else (j, i)  # the answer of the larger count
         self.counts[keep] += self.counts[drop]
         self.anchors[keep] = np.concatenate([self.anchors[keep], self.anchors[drop]])
-        for parts in (self.answers, self.anchors, self.counts):
+        self.trials[keep] = min(self.trials[keep] + self.trials[drop], VOTE_CAP)
+        n = min(len(self.hits[keep]), len(self.hits[drop]))
+        self.hits[keep][:n] = np.minimum(self.hits[keep][:n] + self.hits[drop][:n], VOTE_CAP)
+        for parts in (self.answers, self.anchors, self.counts, self.trials, self.hits):
             del parts[drop]
         self._by_answer = {t.tobytes(): n for n, t in enumerate(self.answers)}
 
@@ -264,6 +310,10 @@ class AnswerMemory:
         if self.config.centre_keys:
             state |= {"centre": self.centre.copy(),
                       "centre_header": np.array([self.centre_scale, self.centre_count], np.float32)}
+        if self.config.record_votes:
+            state |= {"vote_trials": np.array(self.trials, np.uint16),
+                      "vote_hits": (np.concatenate(self.hits) if self.hits else np.zeros(0)).astype(np.uint16),
+                      "pooled_votes": np.array([self.pooled_trials, *self.pooled_hits], np.uint32)}
         return state
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
@@ -279,6 +329,15 @@ class AnswerMemory:
             self.centre = np.asarray(state["centre"], np.int8).copy()
             self.centre_scale, count = (float(x) for x in state["centre_header"])
             self.centre_count = int(count)
+        if self.config.record_votes and "vote_trials" in state:  # (a memory saved without its record starts one)
+            self.trials = [int(t) for t in state["vote_trials"]]
+            hits = np.asarray(state["vote_hits"], np.int64)
+            self.hits = [h.copy() for h in np.split(hits, np.cumsum(lengths)[:-1])] if len(lengths) else []
+            self.pooled_trials, *pooled = (int(x) for x in state["pooled_votes"])
+            self.pooled_hits = np.array(pooled, np.int64)
+        else:
+            self.trials, self.hits = [0] * len(self.answers), [np.zeros(len(t), np.int64) for t in self.answers]
+            self.pooled_trials, self.pooled_hits = 0, np.zeros(self.config.positions, np.int64)
         self._by_answer = {t.tobytes(): n for n, t in enumerate(self.answers)}
 
     @classmethod
@@ -337,6 +396,7 @@ class AnswerSteering:
         for j, t in enumerate(memory.answers):
             self.answers[j, :len(t)] = torch.from_numpy(t.astype(np.int64))
         self.answers = self.answers.to(device)
+        self.reliability = memory.reliability(config.reliability_prior).to(device)  # (J, positions)
 
     def relevance(self, query_keys: torch.Tensor) -> torch.Tensor:
         """r_j = max_{a∈A_j} cos(k̄_q, a) over centred keys, shape (B, J)."""
@@ -363,31 +423,40 @@ class AnswerSteering:
                                                   device=self.weight.device),
                                 torch.zeros(len(query_keys), 0, device=self.weight.device))
         picked, relevance = self.retrieve(query_keys)
-        return PositionStep(self, self.answers[picked], relevance)
+        return PositionStep(self, self.answers[picked], relevance, self.reliability[picked])
 
 
 class PositionStep:
     """h̃_t = h_t + α_t·d_t for one batch of queries at answer position t (their prototypes fixed at construction)."""
 
-    def __init__(self, steering: AnswerSteering, answers: torch.Tensor, relevance: torch.Tensor):
+    def __init__(self, steering: AnswerSteering, answers: torch.Tensor, relevance: torch.Tensor,
+                 reliability: torch.Tensor | None = None):
         self.s, self.answers, self.relevance = steering, answers, relevance  # (B, K, P), (B, K)
+        self.reliability = torch.ones(answers.shape, device=answers.device) if reliability is None else reliability
         self.last_gate: torch.Tensor | None = None
         cfg = steering.config
         keep = relevance >= cfg.min_relevance
         self.weights = torch.softmax(relevance / cfg.temperature, dim=1) * keep if relevance.shape[1] else relevance
 
+    def select(self, rows: torch.Tensor) -> PositionStep:
+        """The same steps for the queries `rows` of this batch only."""
+        return PositionStep(self.s, self.answers[rows], self.relevance[rows], self.reliability[rows])
+
     def target(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the voted token at this position (B,), whether any prototype votes (B,))."""
+        """(the voted token at this position (B,), whether the memory steers there (B,)): some prototype votes, and
+        the voters' reliability there (weighted as their votes) reaches `min_reliability`."""
         if position >= self.answers.shape[2] or not self.answers.shape[1]:
             n = len(self.answers)
             return torch.zeros(n, dtype=torch.long, device=self.answers.device), torch.zeros(
                 n, dtype=torch.bool, device=self.answers.device)
         tokens = self.answers[:, :, position]  # (B, K), -1 where a stored answer is shorter
-        valid = tokens >= 0
+        weights = self.weights * (tokens >= 0)
         votes = torch.zeros(len(tokens), self.s.memory.vocab, device=tokens.device)
-        votes.scatter_add_(1, tokens.clamp_min(0), self.weights * valid)
+        votes.scatter_add_(1, tokens.clamp_min(0), weights)
         best = votes.max(dim=1)
-        return best.indices, best.values > 0
+        for_best = weights * (tokens == best.indices[:, None])
+        reliable = (for_best * self.reliability[:, :, position]).sum(dim=1) / best.values.clamp_min(1e-12)
+        return best.indices, (best.values > 0) & (reliable >= self.s.config.min_reliability)
 
     def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, position: int) -> torch.Tensor:
         cfg, weight = self.s.config, self.s.weight

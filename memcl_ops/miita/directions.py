@@ -53,6 +53,11 @@ class MemoryConfig:
     # queries centred at read time once later tasks move the mean (1-NN on a dev split 54 % against 62-71 % on raw
     # keys, benchmarks/RESULTS.md); merging by answer tokens, not by key, already avoids what centring was for
     centre_keys: bool = False
+    # position-aware: each prototype records, write by write, whether its answer token at each position was the token
+    # of a new experience it was the nearest prototype of (test-then-write); the read side steers a position only
+    # where that record says the memory's token transfers (AdaptConfig.min_reliability). Costs 2 + 2·positions bytes
+    # per prototype and 4 + 4·positions for the pooled record
+    record_votes: bool = True
     anchor_code: Literal["sign", "int8", "float16"] = "sign"  # position-aware: H/8, H or 2H bytes per anchor
     min_correction_norm: float = 0.0  # ρ_min: skip writes whose ‖R_m‖ is below it (0: off)
     direction_merge: float = 0.8  # τ_d: merge into the nearest prototype when cos(d_m, d_j) ≥ τ_d
@@ -87,6 +92,10 @@ class AdaptConfig:
     max_step: float = 1.0  # flip: no step longer than this times ‖h‖ (beyond it the model keeps its own token)
     flip_iterations: int = 8  # flip: re-linearised steps before giving up (the model then keeps its token)
     min_relevance: float = -1.0  # position-aware: prototypes below this centred-key cosine do not vote (-1: all vote)
+    # position-aware with recorded votes: steer a position only where the voting prototypes' estimated chance that
+    # their token is the new query's (their record shrunk toward the memory's pooled one) is at least this (0: always)
+    min_reliability: float = 0.5
+    reliability_prior: float = 2.0  # pseudo-votes of the pooled record added to each prototype's own
     candidates: int = 8  # K_s: prototypes kept per query by anchor relevance (the MIITA paper's memory)
     top_k: int = 1  # K: prototypes aggregated per decoding step (the MIITA paper's K = 3 averages other answers in)
     uncertainty_weight: float = 0.5  # λ_u in s_j = r_j + λ_u·cos(u_t, d_j) (the MIITA paper's memory)
@@ -102,6 +111,9 @@ class AdaptConfig:
             raise ValueError(f"candidates ({self.candidates}) and top_k ({self.top_k}) must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if not 0.0 <= self.min_reliability <= 1.0 or self.reliability_prior < 0:
+            raise ValueError(f"min_reliability must be in [0, 1] ({self.min_reliability}) and reliability_prior >= 0 "
+                             f"({self.reliability_prior})")
         if self.rule not in ("flip", "relative", "copy"):
             raise ValueError(f"rule {self.rule!r} is not one of flip, relative, copy")
 
@@ -371,6 +383,10 @@ class StepUpdate:
     def __init__(self, adaptation: Adaptation, candidates: torch.Tensor, relevance: torch.Tensor):
         self.a, self.candidates, self.relevance = adaptation, candidates, relevance
         self.last_gate: torch.Tensor | None = None  # (B,) gate of the latest step, for diagnostics
+
+    def select(self, rows: torch.Tensor) -> StepUpdate:
+        """The same updates for the queries `rows` of this batch only."""
+        return StepUpdate(self.a, self.candidates[rows], self.relevance[rows])
 
     def correction(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(Δ_t (B, H), max relevance among the aggregated prototypes (B,))."""

@@ -21,9 +21,11 @@ dequantises it once (30-40 s) and keeps a plain HF copy under the user cache dir
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +59,10 @@ class LMSpec:
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruction-tuned models)
     system_prompt: str = "Answer with the label only."  # system turn of the chat template ("" to omit it)
     max_prompt_tokens: int = 512  # longer prompts keep their last tokens (the question sits at the end)
-    micro_batch: int = 16  # sequences per forward pass
+    micro_batch: int = 32  # sequences per forward pass (decoding: a step reads the weights once for all of them)
+    # answering: the key/value cache of the prompts' shared token prefix (a task's definition, the chat scaffold) is
+    # computed once and reused by every prompt that starts with it; False reads each prompt whole
+    reuse_prefix: bool = True
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     seed: int = 0  # `tiny:*` only: initialisation of the random weights
 
@@ -168,15 +173,17 @@ def byte_tokenizer() -> object:
     return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>")
 
 
-def tiny_causal_lm(arch: str, seed: int = 0, hidden: int = 32, layers: int = 2) -> tuple[torch.nn.Module, object]:
+def tiny_causal_lm(arch: str, seed: int = 0, hidden: int = 32, layers: int = 2, init_range: float = 0.02
+                   ) -> tuple[torch.nn.Module, object]:
     """A randomly initialised transformers causal LM of the given family (2 layers, hidden 32) with the byte
     tokenizer: exact properties (closed forms against autograd, cache invariants) are checked on it in
-    milliseconds. It knows nothing; it is never used to report task scores."""
+    milliseconds. It knows nothing; it is never used to report task scores. At the default `init_range` its answers
+    hardly depend on the prompt; a larger one (0.5) makes them do so (checks that answers do not mix up rows)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = byte_tokenizer()
     common = {"vocab_size": len(tokenizer), "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
-              "pad_token_id": tokenizer.pad_token_id}
+              "pad_token_id": tokenizer.pad_token_id, "initializer_range": init_range}
     llama_like = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
     torch.manual_seed(seed)
@@ -197,13 +204,43 @@ class HiddenAdapter(Protocol):
     def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, position: int) -> torch.Tensor: ...
 
 
-AdapterFactory = Callable[[torch.Tensor], HiddenAdapter]  # query keys (B, H) -> the adapter for that batch
+class RowAdapter(HiddenAdapter, Protocol):
+    """A HiddenAdapter for a batch of queries that can narrow itself to some of them (rows that are still decoding)."""
+
+    def select(self, rows: torch.Tensor) -> RowAdapter: ...
+
+
+AdapterFactory = Callable[[torch.Tensor], RowAdapter]  # query keys (B, H) -> the adapter for that batch
 
 
 @dataclass(frozen=True)
 class PromptTokens:
     ids: list[int]
     key_span: tuple[int, int]  # [start, end) of the positions X_m the semantic key averages
+
+
+@dataclass
+class Prefix:
+    """A token prefix read once: its KV cache (batch of one) and its key-layer states (P, H)."""
+
+    ids: tuple[int, ...]
+    cache: object
+    key_states: torch.Tensor
+
+
+@dataclass
+class Prefill:
+    """Prompts read up to their last token, ready to decode: the base pass's output over the tokens read in this call,
+    the KV cache of everything read, the attention mask and the position of each row's last token."""
+
+    out: object
+    cache: object
+    mask: torch.Tensor
+    last_position: torch.Tensor
+    query_keys: torch.Tensor
+
+
+PREFIXES_KEPT = 4  # prefixes whose caches stay (one per task being answered; older ones are read again when needed)
 
 
 @dataclass
@@ -255,6 +292,7 @@ class CausalLM:
         turn_end = [i for i in self._special_stops()[:1] if self.chat]
         self.answer_end_id = int(turn_end[0] if turn_end else (tokenizer.eos_token_id if tokenizer.eos_token_id
                                                                   is not None else self.pad_id))
+        self._prefixes: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
 
     @property
     def weight(self) -> torch.Tensor:
@@ -363,14 +401,63 @@ class CausalLM:
     @torch.inference_mode()
     def query_keys(self, prompts: Sequence[str]) -> torch.Tensor:
         """k_q = Norm(mean over prompt tokens of h^(ℓ_k)) for prompts alone (no answer)."""
+        seqs = [self.prompt_tokens(p) for p in prompts]
+        shared = self.shared_prefix(seqs)
+        keys = [self._prefill(seqs[start:start + self.spec.micro_batch], shared).query_keys
+                for start in range(0, len(seqs), self.spec.micro_batch)]
+        return torch.cat(keys) if keys else torch.zeros(0, self.hidden_size, device=self.device)
+
+    # ---------------------------------------------------------------- shared prefixes
+    def shared_prefix(self, seqs: Sequence[PromptTokens]) -> int:
+        """How many leading tokens every prompt shares, less one so each still reads its own last token (0 with
+        `reuse_prefix` off): the part `_prefill` takes from a cached prefix."""
+        if not self.spec.reuse_prefix or not seqs:
+            return 0
+        first, common = seqs[0].ids, min(len(s.ids) for s in seqs) - 1
+        for s in seqs[1:]:
+            common = next((i for i, (a, b) in enumerate(zip(first[:common], s.ids)) if a != b), common)
+        return max(common, 0)
+
+    def prefix(self, ids: tuple[int, ...]) -> Prefix:
+        """The token prefix `ids` read once; kept for reuse until PREFIXES_KEPT other prefixes were read since, and
+        only while no weight of the model can train (a fine-tuned adapter would make a kept cache stale)."""
+        if any(p.requires_grad for p in self.model.parameters()):
+            self._prefixes.clear()
+        kept = self._prefixes.get(ids)
+        if kept is not None:
+            self._prefixes.move_to_end(ids)
+            return kept
+        out = self.backbone(input_ids=torch.tensor([ids], device=self.device),
+                            position_ids=torch.arange(len(ids), device=self.device).unsqueeze(0),
+                            output_hidden_states=True, use_cache=True)
+        kept = self._prefixes[ids] = Prefix(ids, out.cache, out.hidden_states[self.key_layer][0])
+        while len(self._prefixes) > PREFIXES_KEPT:
+            self._prefixes.popitem(last=False)
+        return kept
+
+    def _prefill(self, seqs: list[PromptTokens], shared: int) -> Prefill:
+        """Read prompts up to their last token (left padded), the first `shared` tokens (common to all of them) from
+        the cached prefix; the semantic key of each prompt comes from the same pass."""
+        cache, head = None, None
+        if shared:
+            head = self.prefix(tuple(seqs[0].ids[:shared]))
+            cache = copy.deepcopy(head.cache)  # the kept prefix must not grow with this batch's tokens
+            cache.batch_repeat_interleave(len(seqs))
+        ids, own = _left_padded([s.ids[shared:] for s in seqs], self.pad_id, self.device)
+        positions = shared + (own.cumsum(dim=1) - 1).clamp_min(0)
+        mask = torch.cat([torch.ones(len(seqs), shared, dtype=own.dtype, device=self.device), own], dim=1)
+        out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                            output_hidden_states=True, use_cache=True)
+        states = out.hidden_states[self.key_layer]
         keys = []
-        for start in range(0, len(prompts), self.spec.micro_batch):
-            seqs = [self.prompt_tokens(p) for p in prompts[start:start + self.spec.micro_batch]]
-            ids, mask = _right_padded([s.ids for s in seqs], self.pad_id, self.device)
-            out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-            states = out.hidden_states[self.key_layer]
-            keys += [normalize(states[i, slice(*s.key_span)].mean(dim=0)) for i, s in enumerate(seqs)]
-        return torch.stack(keys) if keys else torch.zeros(0, self.hidden_size, device=self.device)
+        for i, s in enumerate(seqs):
+            start, end = s.key_span
+            offset = ids.shape[1] - len(s.ids)  # row i's token j sits at column j + offset of this pass
+            total = states[i, max(start, shared) + offset:max(end, shared) + offset].sum(dim=0)
+            if start < shared:
+                total = total + head.key_states[start:min(end, shared)].sum(dim=0)
+            keys.append(normalize(total / (end - start)))
+        return Prefill(out, out.cache, mask, positions[:, -1], torch.stack(keys))
 
     # ---------------------------------------------------------------- generation (read side)
     @torch.inference_mode()
@@ -381,20 +468,22 @@ class CausalLM:
         With `adapter`, each step's logits come from W·h̃ with h̃ = adapter(h, W·h, t); the KV cache only ever
         sees the base pass. With `answers`, also their teacher-forced NLL under the same adaptation. The adapter
         is built from `query_keys` when given (e.g. the prompts' keys read without their demonstrations, as the
-        memory's anchors were), else from the keys of the prompts as read."""
+        memory's anchors were), else from the keys of the prompts as read. The prompts' shared prefix is read once
+        (`LMSpec.reuse_prefix`)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         for name, given in (("demonstration lists", demonstrations), ("answers", answers)):
             if given is not None and len(given) != len(prompts):
                 raise ValueError(f"{len(given)} {name} for {len(prompts)} prompts")
-        texts, tokens, keys, nll, cache, read = [], [], [], [], None, []
+        seqs = [self.prompt_tokens(p, demonstrations[i] if demonstrations else ()) for i, p in enumerate(prompts)]
+        shared = self.shared_prefix(seqs)
+        texts, tokens, keys, nll, cache = [], [], [], [], None
         for start in range(0, len(prompts), self.spec.micro_batch):
             chunk = range(start, min(start + self.spec.micro_batch, len(prompts)))
-            seqs = [self.prompt_tokens(prompts[i], demonstrations[i] if demonstrations else ()) for i in chunk]
             targets = [self.answer_ids(answers[i]) for i in chunk] if answers is not None else None
-            keys_given = query_keys[start:start + len(seqs)] if query_keys is not None else None
-            part = self.generate_ids(seqs, max_new_tokens, adapter, targets, keys_given)
-            read += [len(s.ids) for s in seqs]
+            keys_given = query_keys[start:start + len(chunk)] if query_keys is not None else None
+            part = self.generate_ids(seqs[start:start + len(chunk)], max_new_tokens, adapter, targets, keys_given,
+                                     shared)
             texts += part.texts
             tokens += part.tokens
             keys.append(part.query_keys)
@@ -402,48 +491,48 @@ class CausalLM:
             cache = part.cache
         return Generation(texts, tokens,
                           torch.cat(keys) if keys else torch.zeros(0, self.hidden_size, device=self.device), cache,
-                          torch.cat(nll) if answers is not None and nll else None, read)
+                          torch.cat(nll) if answers is not None and nll else None, [len(s.ids) for s in seqs])
 
     def generate_ids(self, seqs: list[PromptTokens], max_new_tokens: int, adapter: AdapterFactory | None = None,
-                     answers: list[list[int]] | None = None, adapter_keys: torch.Tensor | None = None) -> Generation:
-        ids, mask = _left_padded([s.ids for s in seqs], self.pad_id, self.device)
-        positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
-        out = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
-                            use_cache=True)
-        cache = out.cache
-        key_states = out.hidden_states[self.key_layer]
-        pad = [ids.shape[1] - len(s.ids) for s in seqs]
-        query_keys = torch.stack([normalize(key_states[i, pad[i] + s.key_span[0]:pad[i] + s.key_span[1]].mean(dim=0))
-                                  for i, s in enumerate(seqs)])
-        keys = query_keys if adapter_keys is None else adapter_keys.to(self.device)
+                     answers: list[list[int]] | None = None, adapter_keys: torch.Tensor | None = None,
+                     shared: int = 0) -> Generation:
+        """Greedy decoding of one batch of prompts; `shared`: leading tokens they all share, read from the cached
+        prefix. A row that emits a stop token leaves the batch (its cache rows with it); the returned cache is that of
+        the rows still decoding at the last step."""
+        read = self._prefill(seqs, shared)
+        cache, mask, position = read.cache, read.mask, read.last_position
+        keys = read.query_keys if adapter_keys is None else adapter_keys.to(self.device)
         step = adapter(keys) if adapter is not None else None
-        hidden = out.last_hidden_state[:, -1]
+        hidden = read.out.last_hidden_state[:, -1]
         nll = None
         if answers is not None:  # decoding then starts from the same prompt cache
-            nll = self._answer_nll(hidden, cache, mask, positions[:, -1], answers, step)
-            fed = cache.get_seq_length() - ids.shape[1]
-            cache.crop(-fed)  # back to the prompt (transformers 5: a negative count removes tokens)
-        generated = torch.zeros(len(seqs), 0, dtype=torch.long, device=self.device)
-        done = torch.zeros(len(seqs), dtype=torch.bool, device=self.device)
+            nll = self._answer_nll(hidden, cache, mask, position, answers, step)
+            cache.crop(mask.shape[1] - cache.get_seq_length())  # back to the prompt (a negative count removes tokens)
+        generated = torch.full((len(seqs), max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        rows = torch.arange(len(seqs), device=self.device)  # the batch rows still decoding
         stops = torch.tensor(sorted(self.stop_ids), device=self.device)
-        next_position = positions[:, -1]
         for t in range(max_new_tokens):
             logits = self.head(hidden)
             if step is not None:
                 logits = self.head(step(hidden, logits, t))
-            token = logits.argmax(dim=-1).masked_fill(done, self.pad_id)
-            generated = torch.cat([generated, token.unsqueeze(1)], dim=1)
-            done |= torch.isin(token, stops)
-            if bool(done.all()) or t == max_new_tokens - 1:
+            token = logits.argmax(dim=-1)
+            generated[rows, t] = token
+            going = ~torch.isin(token, stops)
+            if not bool(going.any()) or t == max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones(len(seqs), 1, dtype=mask.dtype, device=mask.device)], dim=1)
-            next_position = next_position + 1
-            out = self.backbone(input_ids=token.unsqueeze(1), attention_mask=mask,
-                                position_ids=next_position.unsqueeze(1), cache=cache, use_cache=True)
+            if not bool(going.all()):
+                keep = going.nonzero().squeeze(1)
+                rows, token, mask, position = rows[keep], token[keep], mask[keep], position[keep]
+                cache.batch_select_indices(keep)
+                step = step.select(keep) if step is not None else None
+            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=mask.device)], dim=1)
+            position = position + 1
+            out = self.backbone(input_ids=token.unsqueeze(1), attention_mask=mask, position_ids=position.unsqueeze(1),
+                                cache=cache, use_cache=True)
             cache = out.cache
             hidden = out.last_hidden_state[:, -1]
         token_lists, texts = [], []
-        for row in generated.tolist():
+        for row in generated[:, :t + 1].tolist():
             kept: list[int] = []
             for tok in row:
                 kept.append(tok)
@@ -451,7 +540,7 @@ class CausalLM:
                     break
             token_lists.append(kept)
             texts.append(self.tokenizer.decode([t for t in kept if t not in self.stop_ids], skip_special_tokens=True))
-        return Generation(texts, token_lists, query_keys, cache, nll)
+        return Generation(texts, token_lists, read.query_keys, cache, nll)
 
     def _answer_nll(self, last: torch.Tensor, cache: object, mask: torch.Tensor, last_position: torch.Tensor,
                     answers: list[list[int]], step: HiddenAdapter | None) -> torch.Tensor:

@@ -200,7 +200,7 @@ def test_lm_in_process_and_actor_pipeline_give_the_same_answers(actors, one_torc
         row = json.loads(line)
         asked.setdefault(row["run"], {})[(row["after_task"], row["sample_id"])] = row["prediction"]
     tasks = build_lm_stream(config.stream)
-    train, test = task_batches(tasks, config.stream.batch_size)
+    train, test = task_batches(tasks, config.stream.batch_size, config.stream.answer_batch_size)
     task_of = {sid: j for j, batches in enumerate(test) for b in batches for sid in b.column(S.SAMPLE_ID).to_pylist()}
     for spec in run_specs(config):
         learner = build_learner(spec.method, config.method, seed=config.seed, lm=config.model, budget=spec.budget)

@@ -60,3 +60,20 @@ def test_zero_step_generation_is_identical_and_a_real_step_is_not(lm, pairs):
     assert strong.tokens != base.tokens
     for ours, plain in zip(zero.cache.layers, base.cache.layers):
         assert torch.equal(ours.keys, plain.keys) and torch.equal(ours.values, plain.values)
+
+
+def test_a_superni_task_prefix_read_once_gives_the_whole_prompt_answers_token_for_token(lm):
+    from dataclasses import replace
+
+    from memcl_ops.data import superni
+
+    task = superni.load_task("task1510_evalution_relation_extraction")
+    prompts = [p.prompt for p in task.test[:6]]
+    seqs = [lm.prompt_tokens(p) for p in prompts]
+    assert lm.shared_prefix(seqs) >= 0.5 * min(len(s.ids) for s in seqs)  # most of each prompt is shared
+    whole = load_lm(replace(lm.spec, reuse_prefix=False, micro_batch=4))
+    expected = whole.generate(prompts, 12, answers=[p.answer for p in task.test[:6]])
+    got = lm.generate(prompts, 12, answers=[p.answer for p in task.test[:6]])
+    assert got.tokens == expected.tokens
+    assert torch.allclose(got.query_keys, expected.query_keys, atol=1e-4)
+    assert torch.allclose(got.answer_nll, expected.answer_nll, atol=1e-3)

@@ -2,12 +2,14 @@
 (Llama untied and tied, GPT-2, Qwen2): closed forms against autograd, padding invariance, the decoding loop
 against transformers' own greedy generate, and the adapted loop's effect on the KV cache."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from memcl_ops.miita.answers import AnswerMemory, AnswerSteering
 from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
-from memcl_ops.models.causal_lm import TINY_ARCHS, CausalLM, LMSpec, load_lm
+from memcl_ops.models.causal_lm import TINY_ARCHS, CausalLM, LMSpec, load_lm, tiny_causal_lm
 
 PROMPTS = ["the cat sat on", "2 + 2 =", "a much longer prompt than the others, with commas", "x"]
 ANSWERS = [" mat", " 4", " yes it is", " zz"]
@@ -110,19 +112,26 @@ def filled_memory(lm: CausalLM) -> DirectionMemory:
 
 
 class Recorder:
-    """Wraps an adapter factory and keeps every (h, h̃) pair it produced."""
+    """Wraps an adapter factory and keeps every (h, h̃) pair its steps produced."""
 
     def __init__(self, factory):
         self.factory, self.pairs = factory, []
 
     def __call__(self, keys):
-        step = self.factory(keys)
+        return RecordedStep(self, self.factory(keys))
 
-        def recorded(hidden, logits, position):
-            edited = step(hidden, logits, position)
-            self.pairs.append((hidden.clone(), edited.clone()))
-            return edited
-        return recorded
+
+class RecordedStep:
+    def __init__(self, recorder, step):
+        self.recorder, self.step = recorder, step
+
+    def __call__(self, hidden, logits, position):
+        edited = self.step(hidden, logits, position)
+        self.recorder.pairs.append((hidden.clone(), edited.clone()))
+        return edited
+
+    def select(self, rows):
+        return RecordedStep(self.recorder, self.step.select(rows))
 
 
 def test_zero_step_is_bit_identical_to_the_base_model(lm):
@@ -177,3 +186,93 @@ def test_bad_input_is_refused(lm):
         load_lm(LMSpec(name="tiny:llama", key_layer=9))
     with pytest.raises(ValueError, match="unknown causal LM"):
         load_lm(LMSpec(name="gpt-7"))
+
+
+# A task's prompts as SuperNI writes them: one long definition, then each instance.
+DEFINITION = "In this task you are given a short phrase. Answer with the phrase's first word, then stop."
+TASK_PROMPTS = [f"{DEFINITION}\n\nInput: {x}\nOutput:" for x in
+                ("red apples fall", "blue", "a much longer instance than the others, with commas, and more", "zz top",
+                 "q")]
+
+
+@pytest.fixture(scope="module", params=TINY_ARCHS)
+def whole_and_shared(request) -> tuple[CausalLM, CausalLM]:
+    """The same tiny LM (initialised so that its answers depend on the prompt) twice: reading each prompt whole, and
+    taking the prompts' shared prefix from its cache."""
+    arch = request.param
+    return tuple(CausalLM(*tiny_causal_lm(arch, init_range=0.5),
+                          LMSpec(name=f"tiny:{arch}", micro_batch=3, reuse_prefix=reuse)) for reuse in (False, True))
+
+
+def test_a_task_prompts_share_a_prefix_that_is_read_once(whole_and_shared):
+    whole, shared = whole_and_shared
+    seqs = [shared.prompt_tokens(p) for p in TASK_PROMPTS]
+    common = shared.shared_prefix(seqs)
+    assert common >= len(shared.tokenizer(DEFINITION)["input_ids"])  # the definition is in it
+    assert all(s.ids[:common] == seqs[0].ids[:common] for s in seqs)
+    assert whole.shared_prefix(seqs) == 0
+    shared._prefixes.clear()
+    shared.generate(TASK_PROMPTS, 4)
+    shared.generate(TASK_PROMPTS[:2], 4)  # a later batch of the same task reuses the cached prefix
+    assert list(shared._prefixes) == [tuple(seqs[0].ids[:common])]
+
+
+def test_the_shared_prefix_cache_gives_the_whole_prompt_answers_token_for_token(whole_and_shared):
+    whole, shared = whole_and_shared
+    for prompts in (TASK_PROMPTS, TASK_PROMPTS[::-1], PROMPTS):
+        answers = ["x y"] * len(prompts)
+        expected, got = whole.generate(prompts, 8, answers=answers), shared.generate(prompts, 8, answers=answers)
+        assert len({tuple(row) for row in expected.tokens}) > 1  # the answers differ, so mixed-up rows would show
+        assert got.tokens == expected.tokens
+        assert torch.allclose(got.query_keys, expected.query_keys, atol=1e-5)
+        assert torch.allclose(got.answer_nll, expected.answer_nll, atol=1e-4)
+        assert torch.allclose(shared.query_keys(prompts), whole.query_keys(prompts), atol=1e-5)
+        assert got.prompt_tokens == expected.prompt_tokens  # what a prompt costs to read is reported unchanged
+
+
+def test_rows_that_stop_leave_the_batch_without_changing_the_others(whole_and_shared):
+    for lm in whole_and_shared:
+        first = lm.generate(TASK_PROMPTS[:1], 1).tokens[0][0]
+        saved = lm.stop_ids
+        lm.stop_ids = saved | {first}  # the first row stops at step 0; rows starting otherwise go on
+        try:
+            alone = [lm.generate([p], 8).tokens[0] for p in TASK_PROMPTS]
+            together = lm.generate(TASK_PROMPTS, 8).tokens
+        finally:
+            lm.stop_ids = saved
+        assert together[0] == [first] and max(map(len, together)) == 8
+        assert together == alone
+
+
+def test_steered_answers_of_different_lengths_are_the_same_read_whole_or_from_the_prefix(whole_and_shared):
+    answers = [" red", " blue sky", " a", " zz top now", " q"]  # stop at different steps: rows leave the batch
+    decoded = []
+    for lm in whole_and_shared:
+        memory = AnswerMemory(lm.hidden_size, lm.vocab_size, MemoryConfig(budget_bytes=64 * 1024, positions=16,
+                                                                             anchor_code="float16"))
+        for k, a in zip(lm.query_keys(TASK_PROMPTS), answers):
+            memory.write(k, np.array([*lm.answer_ids(a), lm.answer_end_id]))
+        steering = AnswerSteering(memory, lm.weight, AdaptConfig(max_step=100.0, flip_iterations=32, min_reliability=0))
+        decoded.append(lm.generate(TASK_PROMPTS, 10, steering).tokens)
+    assert decoded[0] == decoded[1]
+    assert len({len(row) for row in decoded[1]}) > 1
+
+
+def test_a_kept_prefix_is_read_again_once_the_weights_can_change(whole_and_shared):
+    whole, shared = whole_and_shared
+    shared.generate(TASK_PROMPTS, 4)  # keeps the task's prefix
+    answers = []
+    for lm in (whole, shared):
+        saved = {k: v.clone() for k, v in lm.model.state_dict().items()}
+        torch.manual_seed(0)
+        try:  # what a trainer does: its weights require gradients, and a step changes them
+            lm.model.requires_grad_(True)
+            with torch.no_grad():
+                for p in lm.model.parameters():
+                    p.add_(0.2 * torch.randn_like(p))
+            answers.append(lm.generate(TASK_PROMPTS, 6).tokens)
+        finally:
+            lm.model.load_state_dict(saved)
+            lm.model.requires_grad_(False)
+    assert answers[0] == answers[1]
+    assert answers[1] != shared.generate(TASK_PROMPTS, 6).tokens  # the step did change them

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from memcl_ops.miita.answers import (
+    POOLED_VOTE_BYTES,
     AnswerMemory,
     AnswerSteering,
     anchor_width,
@@ -77,7 +78,7 @@ def test_decoding_with_the_memory_writes_each_stored_answer_and_stops(lm):
                                                                          anchor_code="float16"))
     for k, a in zip(lm.query_keys(prompts), answers):
         memory.write(k, np.array([*lm.answer_ids(a), lm.answer_end_id]))
-    config = AdaptConfig(max_step=100.0, flip_iterations=32)
+    config = AdaptConfig(max_step=100.0, flip_iterations=32, min_reliability=0.0)  # the steps alone, no gate
     base = lm.generate(prompts, 12)
     adapted = lm.generate(prompts, 12, AnswerSteering(memory, lm.weight, config))
     assert all(t.strip() != a.strip() for t, a in zip(base.texts, answers))  # the random model knows none
@@ -155,11 +156,66 @@ def test_repair_keeps_every_answer_it_can_afford():
     six well-separated answers all survive 120 writes (keys centred: the synthetic template would hide them)."""
     rng = np.random.default_rng(3)
     hidden, vocab = 64, 100
-    one = answer_prototype_bytes(hidden, 2, 1, "sign")
-    budget = centre_bytes(hidden) + 6 * one + anchor_width(hidden, "sign") - 1  # no room for a seventh anchor
+    one = answer_prototype_bytes(hidden, 2, 1, "sign", votes=True)
+    pooled = POOLED_VOTE_BYTES * (1 + 2)
+    budget = centre_bytes(hidden) + pooled + 6 * one + anchor_width(hidden, "sign") - 1  # no room for a seventh anchor
     memory = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=budget, positions=2, centre_keys=True))
     keys, labels = clustered_keys(rng, 120, 6, hidden)
     for k, c in zip(keys, labels):
         memory.write(k, np.array([int(c), 99]))
     assert sorted(int(a[0]) for a in memory.answers) == list(range(6))
     assert memory.repairs > 0 and memory.num_anchors == 6
+
+
+END = 99  # the end-of-answer token of the synthetic answers
+
+
+def steered_positions(memory: AnswerMemory, queries: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(B, 2): whether the memory steers each query at answer positions 0 and 1 (the default gate)."""
+    step = AnswerSteering(memory, weight, AdaptConfig())(queries)
+    return torch.stack([step.target(t)[1] for t in range(2)], dim=1)
+
+
+def test_the_vote_record_opens_the_gate_where_answers_repeat_and_closes_it_where_they_do_not():
+    """Over seeded trials: on clustered keys whose answers repeat per cluster the memory steers the content
+    position; on the same keys with an answer of their own each, it leaves the content position to the model and
+    still steers the end of the answer, the one token every stored answer shares."""
+    hidden, vocab = 64, 100
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        keys, labels = clustered_keys(rng, 90, 5, hidden)
+        weight = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed))
+        repeating = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=64 * 1024, positions=2, centre_keys=True))
+        own = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=64 * 1024, positions=2, centre_keys=True))
+        for i, (k, c) in enumerate(zip(keys[:60], labels[:60])):
+            repeating.write(k, np.array([int(c), END]))
+            own.write(k, np.array([i % 60 + 10 if i % 60 + 10 != END else 5, END]))
+        on_repeating = steered_positions(repeating, keys[60:], weight)
+        on_own = steered_positions(own, keys[60:], weight)
+        assert on_repeating[:, 0].float().mean() >= 0.9, seed
+        assert on_own[:, 0].float().mean() <= 0.1, seed
+        assert on_own[:, 1].all(), seed  # the form every answer shares still transfers
+
+
+def test_miita_takes_the_form_of_answers_that_do_not_repeat_and_never_their_content(lm):
+    """A stream whose answers never repeat (two letters each, a distinct first letter): ungated, MIITA writes the
+    nearest stored answer, its neighbour's content; gated, it keeps what every answer shares (the leading space, the
+    length: the end token after two letters) and leaves the letters to the model."""
+    train = [f"fact {i}: the thing called {w} lives at" for i, w in enumerate(NOUN_SAMPLE)]
+    answers = [f"{chr(97 + i)}{chr(97 + (7 * i) % 26)}" for i in range(len(train))]
+    test = [f"fact {i + 100}: the thing called {w} sits near" for i, w in enumerate(NOUN_SAMPLE[::-1])]
+    memory = AnswerMemory(lm.hidden_size, lm.vocab_size, MemoryConfig(budget_bytes=64 * 1024, positions=4))
+    for k, a in zip(lm.teacher_forced(train, answers).keys, answers):
+        memory.write(k, np.array([*lm.answer_ids(a), lm.answer_end_id]))
+    steering = AnswerSteering(memory, lm.weight, AdaptConfig(max_step=100.0))
+    nearest = steering.nearest_answers(lm.query_keys(test))
+    gated = lm.generate(test, 6, steering).tokens
+    copied = lm.generate(test, 6, AnswerSteering(memory, lm.weight, AdaptConfig(max_step=100.0,
+                                                                                min_reliability=0.0))).tokens
+    assert copied == nearest
+    assert all(g[1:3] != n[1:3] for g, n in zip(gated, nearest))  # no neighbour's letters
+    assert all(g[0] == n[0] and g[3:] == [lm.answer_end_id] for g, n in zip(gated, nearest))
+
+
+NOUN_SAMPLE = ("apple", "river", "candle", "tiger", "window", "bottle", "garden", "pencil", "mirror", "rocket",
+               "blanket", "carrot", "island", "ladder", "magnet", "orange", "pillow", "saddle", "teapot", "violin")
