@@ -11,9 +11,9 @@ Streams: `partly` (tasks the frozen base can partly do: bbc-topic, sentiment-neg
 test each), `superni-a` and `superni-b` (the shipped SuperNI order-A subsample, in order and reversed), `format`
 (the five format-learning tasks of `memcl lm`'s default: answers the base cannot know), `open` (capital-city,
 plural, past-tense: every answer its own, no test answer among the training answers; 32 train / 32 test each).
-For each stream, MIITA's knobs (answer positions kept, centred keys) are first chosen on the dev split (a held-out quarter of the training
-pairs, seed 0, 8 KiB; no test item is seen), then every method runs on the test pairs at every budget and seed
-(`miita-paper` only where one of its fp16 prototypes fits). Prints one markdown table per
+For each stream, MIITA's knobs (answer positions kept, centred keys) are first chosen on the dev split (a held-out
+quarter of the training pairs, seed 0, 8 KiB; no test item is seen), then every method runs on the test pairs at
+every budget and seed (`miita-paper` only where one of its fp16 prototypes fits). Prints one markdown table per
 stream: mean ± std over seeds of OP (the headline: exact match, ROUGE-L on free text), OP of each score, BWT,
 prompt tokens and ms per query and the memory's bytes; and writes it all to --out/fair.json.
 """
