@@ -5,6 +5,7 @@ task's shared prompt prefix read once and reused, for the frozen base and for MI
     python -m benchmarks.lm_answer_cost                        # SmolLM2-135M, four SuperNI tasks, 16 queries each
     python -m benchmarks.lm_answer_cost --tasks 2 --queries 8   # smaller
     python -m benchmarks.lm_answer_cost --tiny                 # a tiny random LM (seconds; checks the script)
+    python -m benchmarks.lm_answer_cost --scan                 # ms per row and decoding step at 1-64 rows a batch
 
 Per SuperNI task of the shipped order-A subsample (its test prompts, its own answer-length cap), five ways to answer
 the same queries, alternated over --repeats rounds (medians):
@@ -24,6 +25,7 @@ whether both gave the same answers token for token.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import time
@@ -65,6 +67,25 @@ def answer(lm: CausalLM, way: str, prompts: list[str], tokens: int, memory: Answ
     return time.perf_counter() - start, out.tokens
 
 
+@torch.inference_mode()
+def step_scan(lm: CausalLM, sizes: tuple[int, ...] = (1, 8, 16, 32, 64), context: int = 160, steps: int = 8) -> None:
+    """ms per decoding step and per row-step at each batch size (a `context`-token cache per row): why prompts are
+    answered 32 a batch."""
+    for rows in sizes:
+        ids = torch.randint(2, lm.vocab_size, (rows, context))
+        cache = lm.backbone(input_ids=ids, use_cache=True).cache
+        token = torch.randint(2, lm.vocab_size, (rows, 1))
+        lm.backbone(input_ids=token, cache=copy.deepcopy(cache), position_ids=torch.full((rows, 1), context))  # warm
+        start = time.perf_counter()
+        for step in range(steps):
+            out = lm.backbone(input_ids=token, cache=cache, use_cache=True,
+                              position_ids=torch.full((rows, 1), context + step))
+            cache = out.cache
+            lm.head(out.last_hidden_state[:, -1])
+        took = 1000 * (time.perf_counter() - start) / steps
+        print(f"{rows} rows: {took:.0f} ms a step, {took / rows:.1f} ms a row-step")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=4, help="the first N tasks of SuperNI order A")
@@ -73,8 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget", type=int, default=8192, help="MIITA's memory bytes")
     parser.add_argument("--tiny", action="store_true", help="a tiny random LM instead of SmolLM2 (checks the script)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--scan", action="store_true", help="only time one decoding step at 1-64 rows a batch")
     args = parser.parse_args(argv)
     lm = load_lm(LMSpec(name="tiny:llama" if args.tiny else SMOLLM2, threads=args.threads))
+    if args.scan:
+        step_scan(lm)
+        return
     torch.manual_seed(0)
     rows = []
     for name in superni.available()[:args.tasks]:

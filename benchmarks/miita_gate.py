@@ -2,14 +2,14 @@
 gate"; benchmarks/RESULTS.md, "MIITA that abstains where answers do not repeat").
 
     python -m benchmarks.miita_gate                                   # partly, format, open; 8 KiB; seed 0
-    python -m benchmarks.miita_gate --streams open partly --levels 0 0.5
+    python -m benchmarks.miita_gate --streams open partly --levels off 0
     python -m benchmarks.miita_gate --tiny                            # a tiny random LM (checks the script)
 
 On each stream's dev split (a held-out quarter of each task's training pairs; no test item is seen), the frozen base
-and MIITA at each `adapt.min_reliability` level (0: no gate, the memory steers every position it has a token for),
-each stream with the answer positions its own dev grid chose (benchmarks/RESULTS.md). Prints dev OP per stream and
-level, MIITA's margin over the base, and the level with the best mean dev OP over the streams whose worst margin over
-the base is the highest (one level for every stream: no stream gets its own).
+and MIITA at each `adapt.min_advantage` level of the vote gate ("off": no gate, the memory steers every position it
+has a token for), each stream with the answer positions its own dev grid chose (benchmarks/RESULTS.md). Prints dev OP
+per stream and level, MIITA's margin over the base, and the gate level whose worst margin over the base is the highest
+(then the best mean dev OP; one level for every stream: no stream gets its own).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from benchmarks.miita_fair import base_config, streams, with_knobs
 from memcl.pipeline import runner
 from memcl.pipeline.actor_cache import ActorCache
 
-LEVELS = (0.0, 0.25, 0.5, 0.75)
+LEVELS = ("off", "0", "0.1", "0.25")
 # answer positions per stream as the dev grids of benchmarks/RESULTS.md chose them (open: the default, 8)
 POSITIONS = {"partly": 2, "format": 8, "open": 8}
 
@@ -42,18 +42,25 @@ def dev_op(config, actors: ActorCache, method: str, knobs: dict) -> float:
     return float(next(iter(runs.values()))["summary"]["a_last"])
 
 
-def choose(table: dict[str, dict[str, float]], levels: list[float]) -> float:
-    """The level whose worst margin over the base is the highest; ties: the higher mean dev OP, then the lower level."""
-    def key(level: float) -> tuple[float, float, float]:
-        margins = [row[str(level)] - row["base"] for row in table.values()]
-        return (round(min(margins), 6), round(float(np.mean([row[str(level)] for row in table.values()])), 6), -level)
-    return max(levels, key=key)
+def gate_knobs(level: str) -> dict:
+    return {"adapt.vote_gate": False} if level == "off" else {"adapt.vote_gate": True,
+                                                               "adapt.min_advantage": float(level)}
+
+
+def choose(table: dict[str, dict[str, float]], levels: list[str]) -> str:
+    """The gate level whose worst margin over the base is the highest; ties: the higher mean dev OP, then the lower
+    level ("off" is measured beside them, never chosen)."""
+    def key(level: str) -> tuple[float, float, float]:
+        margins = [row[level] - row["base"] for row in table.values()]
+        return (round(min(margins), 6), round(float(np.mean([row[level] for row in table.values()])), 6),
+                -float(level))
+    return max((lv for lv in levels if lv != "off"), key=key)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", nargs="+", default=list(POSITIONS))
-    parser.add_argument("--levels", type=float, nargs="+", default=list(LEVELS))
+    parser.add_argument("--levels", nargs="+", default=list(LEVELS), help="min_advantage values, or off")
     parser.add_argument("--tiny", action="store_true", help="a tiny random LM on a small stream (checks the script)")
     parser.add_argument("--out", default="runs/bench/miita_gate")
     args = parser.parse_args()
@@ -69,7 +76,7 @@ def main() -> None:
             knobs = {"memory.positions": POSITIONS.get(name, 8), "memory.centre_keys": False}
             row = {"base": dev_op(config, actors, "base", {})}
             for level in args.levels:
-                row[str(level)] = dev_op(config, actors, "miita", {**knobs, "adapt.min_reliability": level})
+                row[level] = dev_op(config, actors, "miita", {**knobs, **gate_knobs(level)})
             table[name] = row
             print(f"{name}: " + ", ".join(f"{k} {100 * v:.1f}" for k, v in row.items()), flush=True)
     finally:
@@ -78,11 +85,10 @@ def main() -> None:
     print("\n| stream | base | " + " | ".join(f"miita, gate {lv}" for lv in args.levels) + " |")
     print("|---" * (2 + len(args.levels)) + "|")
     for name, row in table.items():
-        cells = " | ".join(f"{100 * row[str(lv)]:.1f} ({100 * (row[str(lv)] - row['base']):+.1f})"
-                           for lv in args.levels)
+        cells = " | ".join(f"{100 * row[lv]:.1f} ({100 * (row[lv] - row['base']):+.1f})" for lv in args.levels)
         print(f"| {name} | {100 * row['base']:.1f} | {cells} |")
     seconds = time.perf_counter() - started
-    print(f"\nchosen min_reliability: {best} (the highest worst margin over the base, then the best mean); "
+    print(f"\nchosen min_advantage: {best} (the highest worst margin over the base, then the best mean); "
           f"{seconds:.0f} s")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "gate.json").write_text(json.dumps({"table": table, "chosen": best, "seconds": seconds}, indent=2))

@@ -43,6 +43,7 @@ KEY = "key"
 DIRECTION = "direction"
 CORRECTION_NORM = "correction_norm"
 ANSWER_TOKENS = "answer_tokens"  # list<int32>: an answer's token ids, end-of-answer token last
+MODEL_TOKENS = "model_tokens"  # list<int32>: the frozen model's own greedy token at each of those positions
 
 _META_STREAM = b"stream"
 _META_ENCODER = b"encoder"
@@ -159,10 +160,11 @@ def text_pairs(batch: pa.RecordBatch) -> tuple[list[str], list[str]]:
 
 def direction_batch(sample_ids: np.ndarray, keys: np.ndarray, directions: np.ndarray, norms: np.ndarray,
                     task_ids: np.ndarray | None = None, *, stream: str = "", encoder: str = "",
-                    answer_tokens: list[list[int]] | None = None, answer_nll: np.ndarray | None = None
-                    ) -> pa.RecordBatch:
+                    answer_tokens: list[list[int]] | None = None, answer_nll: np.ndarray | None = None,
+                    model_tokens: list[list[int]] | None = None) -> pa.RecordBatch:
     """MIITA's write-side batch: per pair its semantic key, its correction R_m and ‖R_m‖, and (when given) its
-    answer's token ids and the frozen model's mean NLL of that answer."""
+    answer's token ids, the frozen model's mean NLL of that answer and the model's own token at each answer position
+    (teacher-forced)."""
     keys = np.ascontiguousarray(keys, dtype=np.float32)
     directions = np.ascontiguousarray(directions, dtype=np.float32)
     if keys.ndim != 2 or directions.ndim != 2 or len(keys) != len(directions):
@@ -181,6 +183,11 @@ def direction_batch(sample_ids: np.ndarray, keys: np.ndarray, directions: np.nda
     if answer_nll is not None:
         arrays.append(pa.array(np.asarray(answer_nll, dtype=np.float32)))
         fields.append(pa.field(ANSWER_NLL, pa.float32(), nullable=False))
+    if model_tokens is not None:
+        if len(model_tokens) != n:
+            raise ValueError(f"{len(model_tokens)} model token lists for {n} rows")
+        arrays.append(pa.array(model_tokens, type=pa.list_(pa.int32())))
+        fields.append(pa.field(MODEL_TOKENS, pa.list_(pa.int32()), nullable=False))
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(
         fields, metadata=_metadata(stream=stream, encoder=encoder, feature_dim=keys.shape[1])))
 

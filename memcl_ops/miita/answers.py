@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from memcl_ops.models.causal_lm import CausalLM
 
 ANCHOR_COUNT_BYTES = 2  # |A_j| as uint16: the layout of the pooled anchor array
-VOTE_BYTES = 2  # a prototype's recorded trials and hits per position, uint16 (saturating)
-POOLED_VOTE_BYTES = 4  # the memory's pooled trials and hits per position, uint32
+VOTE_BYTES = 2  # a prototype's recorded trials, and its and the model's hits per position: uint16 (saturating)
+POOLED_VOTE_BYTES = 4  # the memory's pooled trials, and its and the model's hits per position: uint32
 VOTE_CAP = np.iinfo(np.uint16).max
 LENGTH_BYTES = 1  # stored answer positions per prototype, uint8 (positions <= 255)
 CENTRE_HEADER_BYTES = 8  # the centre's float32 scale and int32 count
@@ -71,9 +71,9 @@ def centre_bytes(hidden: int) -> int:
 def answer_prototype_bytes(hidden: int, answer_len: int, anchors: int, anchor_code: str, token_bytes: int = 2,
                            votes: bool = False) -> int:
     """One prototype: its answer tokens, their count, the write count, the anchor count and the anchors, plus its
-    vote record (trials, hits per answer position) when `votes`."""
+    vote record (trials; its and the model's hits per answer position) when `votes`."""
     return (answer_len * token_bytes + LENGTH_BYTES + COUNT_BYTES + ANCHOR_COUNT_BYTES
-            + anchors * anchor_width(hidden, anchor_code) + (VOTE_BYTES * (1 + answer_len) if votes else 0))
+            + anchors * anchor_width(hidden, anchor_code) + (VOTE_BYTES * (1 + 2 * answer_len) if votes else 0))
 
 
 def token_dtype(vocab: int) -> np.dtype:
@@ -123,15 +123,18 @@ class AnswerMemory:
         self.writes = self.repairs = 0
         self._by_answer: dict[bytes, int] = {}
         # the vote record (MemoryConfig.record_votes): per prototype, how often it was the nearest one to a new
-        # experience, and at each answer position how often its token was that experience's token
+        # experience, and at each answer position how often its token, and how often the frozen model's own token,
+        # was that experience's token
         self.trials: list[int] = []
         self.hits: list[np.ndarray] = []
+        self.model_hits: list[np.ndarray] = []
         self.pooled_trials = 0
         self.pooled_hits = np.zeros(config.positions, np.int64)
+        self.pooled_model_hits = np.zeros(config.positions, np.int64)
 
     # ---------------------------------------------------------------- bytes
     def fixed_bytes(self) -> int:
-        pooled = POOLED_VOTE_BYTES * (1 + self.config.positions) if self.config.record_votes else 0
+        pooled = POOLED_VOTE_BYTES * (1 + 2 * self.config.positions) if self.config.record_votes else 0
         return (centre_bytes(self.hidden) if self.config.centre_keys else 0) + pooled
 
     def prototype_bytes(self, answer_len: int, anchors: int) -> int:
@@ -176,9 +179,12 @@ class AnswerMemory:
         return units, owner
 
     # ---------------------------------------------------------------- write
-    def write(self, key: torch.Tensor, answer_tokens: np.ndarray, centre: bool = True) -> WriteResult:
-        """One experience: its raw (unit) key and its answer's token ids (end-of-answer token last). The key joins
-        the running mean first unless `centre` is False (`write_batch` folds a whole batch in before writing it)."""
+    def write(self, key: torch.Tensor, answer_tokens: np.ndarray, centre: bool = True,
+              model_tokens: np.ndarray | None = None) -> WriteResult:
+        """One experience: its raw (unit) key and its answer's token ids (end-of-answer token last), and the frozen
+        model's own token at each of those positions when known (for the vote record; unknown: never right). The key
+        joins the running mean first unless `centre` is False (`write_batch` folds a whole batch in before writing
+        it)."""
         key = torch.as_tensor(key).float().reshape(-1)
         if key.numel() != self.hidden or not torch.isfinite(key).all():
             raise ValueError(f"key must be {self.hidden} finite values, got {key.numel()} "
@@ -192,7 +198,7 @@ class AnswerMemory:
         unit = self.centred(key.unsqueeze(0))
         tokens = tokens.astype(self.tokens_dtype)
         if self.config.record_votes and len(self):
-            self._record_vote(unit[0], tokens)
+            self._record_vote(unit[0], tokens, model_tokens)
         j = self._by_answer.get(tokens.tobytes())
         if j is None:
             self.answers.append(tokens)
@@ -200,6 +206,7 @@ class AnswerMemory:
             self.counts.append(1)
             self.trials.append(0)
             self.hits.append(np.zeros(len(tokens), np.int64))
+            self.model_hits.append(np.zeros(len(tokens), np.int64))
             self._by_answer[tokens.tobytes()] = j = len(self.answers) - 1
             action, added = "new", True
         else:
@@ -216,43 +223,53 @@ class AnswerMemory:
         repairs = self._repair()
         return WriteResult(action, self._by_answer.get(tokens.tobytes(), -1), added, repairs)
 
-    def _record_vote(self, unit: torch.Tensor, tokens: np.ndarray) -> None:
-        """Test-then-write: would the nearest prototype's token have been this experience's, position by position?"""
+    def _record_vote(self, unit: torch.Tensor, tokens: np.ndarray, model_tokens: np.ndarray | None) -> None:
+        """Test-then-write: position by position, would the nearest prototype's token have been this experience's,
+        and was the model's own?"""
         units, owner = self.anchor_units()
         j = int(owner[int((units @ unit).argmax())])
         stored = self.answers[j]
+        agree, model_agrees = np.zeros(len(stored), np.int64), np.zeros(len(stored), np.int64)
         n = min(len(stored), len(tokens))
-        agree = np.zeros(len(stored), np.int64)
         agree[:n] = stored[:n] == tokens[:n]
+        if model_tokens is not None:
+            m = min(n, len(model_tokens))
+            model_agrees[:m] = np.asarray(model_tokens[:m]) == tokens[:m]
         self.trials[j] = min(self.trials[j] + 1, VOTE_CAP)
         self.hits[j] = np.minimum(self.hits[j] + agree, VOTE_CAP)
+        self.model_hits[j] = np.minimum(self.model_hits[j] + model_agrees, VOTE_CAP)
         self.pooled_trials += 1
         self.pooled_hits[:len(agree)] += agree
+        self.pooled_model_hits[:len(agree)] += model_agrees
 
-    def reliability(self, prior: float) -> torch.Tensor:
-        """(J, positions): each prototype's estimated chance that its token at a position is a new query's, its own
-        record shrunk toward the pooled one by `prior` pseudo-votes (the pooled rate Laplace-smoothed); ones when no
-        votes are recorded (the gate is then open)."""
-        out = torch.ones(len(self), self.config.positions)
+    def reliability(self, prior: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """((J, positions), (J, positions)): per prototype and position, the estimated chance that its token, and
+        that the model's own token, is a new query's there: the prototype's record shrunk toward the pooled one by
+        `prior` pseudo-votes (pooled rates Laplace-smoothed). Without a record: the memory 1, the model 0."""
+        memory, model = torch.ones(len(self), self.config.positions), torch.zeros(len(self), self.config.positions)
         if not self.config.record_votes:
-            return out
-        pooled = (self.pooled_hits + 1) / (self.pooled_trials + 2)
-        for j, (trials, hits) in enumerate(zip(self.trials, self.hits)):
-            n = len(hits)
-            out[j, :n] = torch.from_numpy((hits + prior * pooled[:n]) / (trials + prior)).float() if trials + prior \
-                else torch.from_numpy(pooled[:n]).float()
-        return out
+            return memory, model
+        for out, hits, pooled_hits in ((memory, self.hits, self.pooled_hits),
+                                       (model, self.model_hits, self.pooled_model_hits)):
+            pooled = (pooled_hits + 1) / (self.pooled_trials + 2)
+            for j, (trials, own) in enumerate(zip(self.trials, hits)):
+                n = len(own)
+                rate = (own + prior * pooled[:n]) / (trials + prior) if trials + prior else pooled[:n]
+                out[j, :n] = torch.from_numpy(rate).float()
+        return memory, model
 
     def write_batch(self, extracted: pa.RecordBatch) -> dict[str, int]:
         """WRITE every row of a key/answer-token batch, in stream order; returns what the writes did."""
         keys = torch.from_numpy(S.column_matrix(extracted, S.KEY).copy())
         if not torch.isfinite(keys).all():
             raise ValueError("a key of the batch contains NaN or Inf")
+        own = (extracted.column(S.MODEL_TOKENS).to_pylist() if S.MODEL_TOKENS in extracted.schema.names
+               else [None] * len(keys))
         if self.config.centre_keys:  # the batch's mean first: a stream's first key is not centred onto itself
             self.update_centre(keys)
         outcome = {"new": 0, "merged": 0, "skipped": 0, "repairs": 0}
-        for k, tokens in zip(keys, extracted.column(S.ANSWER_TOKENS).to_pylist()):
-            result = self.write(k, np.asarray(tokens), centre=False)
+        for k, tokens, model_tokens in zip(keys, extracted.column(S.ANSWER_TOKENS).to_pylist(), own):
+            result = self.write(k, np.asarray(tokens), centre=False, model_tokens=model_tokens)
             outcome[result.action] += 1
             outcome["repairs"] += result.repairs
         return outcome
@@ -288,8 +305,9 @@ class AnswerMemory:
         self.anchors[keep] = np.concatenate([self.anchors[keep], self.anchors[drop]])
         self.trials[keep] = min(self.trials[keep] + self.trials[drop], VOTE_CAP)
         n = min(len(self.hits[keep]), len(self.hits[drop]))
-        self.hits[keep][:n] = np.minimum(self.hits[keep][:n] + self.hits[drop][:n], VOTE_CAP)
-        for parts in (self.answers, self.anchors, self.counts, self.trials, self.hits):
+        for hits in (self.hits, self.model_hits):
+            hits[keep][:n] = np.minimum(hits[keep][:n] + hits[drop][:n], VOTE_CAP)
+        for parts in (self.answers, self.anchors, self.counts, self.trials, self.hits, self.model_hits):
             del parts[drop]
         self._by_answer = {t.tobytes(): n for n, t in enumerate(self.answers)}
 
@@ -313,7 +331,9 @@ class AnswerMemory:
         if self.config.record_votes:
             state |= {"vote_trials": np.array(self.trials, np.uint16),
                       "vote_hits": (np.concatenate(self.hits) if self.hits else np.zeros(0)).astype(np.uint16),
-                      "pooled_votes": np.array([self.pooled_trials, *self.pooled_hits], np.uint32)}
+                      "model_hits": (np.concatenate(self.model_hits) if self.hits else np.zeros(0)).astype(np.uint16),
+                      "pooled_votes": np.array([self.pooled_trials, *self.pooled_hits, *self.pooled_model_hits],
+                                               np.uint32)}
         return state
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
@@ -331,13 +351,18 @@ class AnswerMemory:
             self.centre_count = int(count)
         if self.config.record_votes and "vote_trials" in state:  # (a memory saved without its record starts one)
             self.trials = [int(t) for t in state["vote_trials"]]
-            hits = np.asarray(state["vote_hits"], np.int64)
-            self.hits = [h.copy() for h in np.split(hits, np.cumsum(lengths)[:-1])] if len(lengths) else []
-            self.pooled_trials, *pooled = (int(x) for x in state["pooled_votes"])
-            self.pooled_hits = np.array(pooled, np.int64)
+            self.hits, self.model_hits = ([h.copy() for h in np.split(np.asarray(state[name], np.int64),
+                                                                      np.cumsum(lengths)[:-1])] if len(lengths) else []
+                                          for name in ("vote_hits", "model_hits"))
+            pooled = np.asarray(state["pooled_votes"], np.int64)
+            self.pooled_trials = int(pooled[0])
+            self.pooled_hits, self.pooled_model_hits = pooled[1:1 + self.config.positions].copy(), pooled[
+                1 + self.config.positions:].copy()
         else:
-            self.trials, self.hits = [0] * len(self.answers), [np.zeros(len(t), np.int64) for t in self.answers]
-            self.pooled_trials, self.pooled_hits = 0, np.zeros(self.config.positions, np.int64)
+            self.trials = [0] * len(self.answers)
+            self.hits, self.model_hits = ([np.zeros(len(t), np.int64) for t in self.answers] for _ in range(2))
+            self.pooled_trials = 0
+            self.pooled_hits, self.pooled_model_hits = (np.zeros(self.config.positions, np.int64) for _ in range(2))
         self._by_answer = {t.tobytes(): n for n, t in enumerate(self.answers)}
 
     @classmethod
@@ -396,7 +421,9 @@ class AnswerSteering:
         for j, t in enumerate(memory.answers):
             self.answers[j, :len(t)] = torch.from_numpy(t.astype(np.int64))
         self.answers = self.answers.to(device)
-        self.reliability = memory.reliability(config.reliability_prior).to(device)  # (J, positions)
+        memory_rate, model_rate = memory.reliability(config.reliability_prior)  # (J, positions) each
+        # what steering a position gains over the model's own token there (the vote gate compares it)
+        self.advantage = (memory_rate - model_rate).to(device)
 
     def relevance(self, query_keys: torch.Tensor) -> torch.Tensor:
         """r_j = max_{a∈A_j} cos(k̄_q, a) over centred keys, shape (B, J)."""
@@ -423,16 +450,16 @@ class AnswerSteering:
                                                   device=self.weight.device),
                                 torch.zeros(len(query_keys), 0, device=self.weight.device))
         picked, relevance = self.retrieve(query_keys)
-        return PositionStep(self, self.answers[picked], relevance, self.reliability[picked])
+        return PositionStep(self, self.answers[picked], relevance, self.advantage[picked])
 
 
 class PositionStep:
     """h̃_t = h_t + α_t·d_t for one batch of queries at answer position t (their prototypes fixed at construction)."""
 
     def __init__(self, steering: AnswerSteering, answers: torch.Tensor, relevance: torch.Tensor,
-                 reliability: torch.Tensor | None = None):
+                 advantage: torch.Tensor | None = None):
         self.s, self.answers, self.relevance = steering, answers, relevance  # (B, K, P), (B, K)
-        self.reliability = torch.ones(answers.shape, device=answers.device) if reliability is None else reliability
+        self.advantage = torch.ones(answers.shape, device=answers.device) if advantage is None else advantage
         self.last_gate: torch.Tensor | None = None
         cfg = steering.config
         keep = relevance >= cfg.min_relevance
@@ -440,11 +467,12 @@ class PositionStep:
 
     def select(self, rows: torch.Tensor) -> PositionStep:
         """The same steps for the queries `rows` of this batch only."""
-        return PositionStep(self.s, self.answers[rows], self.relevance[rows], self.reliability[rows])
+        return PositionStep(self.s, self.answers[rows], self.relevance[rows], self.advantage[rows])
 
     def target(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the voted token at this position (B,), whether the memory steers there (B,)): some prototype votes, and
-        the voters' reliability there (weighted as their votes) reaches `min_reliability`."""
+        """(the voted token at this position (B,), whether the memory steers there (B,)): some prototype votes and,
+        with the vote gate, the voters' advantage there over the model's own token (weighted as their votes) exceeds
+        `min_advantage`."""
         if position >= self.answers.shape[2] or not self.answers.shape[1]:
             n = len(self.answers)
             return torch.zeros(n, dtype=torch.long, device=self.answers.device), torch.zeros(
@@ -454,9 +482,12 @@ class PositionStep:
         votes = torch.zeros(len(tokens), self.s.memory.vocab, device=tokens.device)
         votes.scatter_add_(1, tokens.clamp_min(0), weights)
         best = votes.max(dim=1)
-        for_best = weights * (tokens == best.indices[:, None])
-        reliable = (for_best * self.reliability[:, :, position]).sum(dim=1) / best.values.clamp_min(1e-12)
-        return best.indices, (best.values > 0) & (reliable >= self.s.config.min_reliability)
+        steer = best.values > 0
+        if self.s.config.vote_gate:
+            for_best = weights * (tokens == best.indices[:, None])
+            advantage = (for_best * self.advantage[:, :, position]).sum(dim=1) / best.values.clamp_min(1e-12)
+            steer &= advantage > self.s.config.min_advantage
+        return best.indices, steer
 
     def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, position: int) -> torch.Tensor:
         cfg, weight = self.s.config, self.s.weight

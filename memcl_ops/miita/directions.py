@@ -54,9 +54,9 @@ class MemoryConfig:
     # keys, benchmarks/RESULTS.md); merging by answer tokens, not by key, already avoids what centring was for
     centre_keys: bool = False
     # position-aware: each prototype records, write by write, whether its answer token at each position was the token
-    # of a new experience it was the nearest prototype of (test-then-write); the read side steers a position only
-    # where that record says the memory's token transfers (AdaptConfig.min_reliability). Costs 2 + 2·positions bytes
-    # per prototype and 4 + 4·positions for the pooled record
+    # of a new experience it was the nearest prototype of, and whether the frozen model's own token was (test-then-
+    # write); the read side steers a position only where the memory's record beats the model's (AdaptConfig.vote_gate).
+    # Costs 2 + 4·(answer positions) bytes per prototype and 4 + 8·positions for the pooled record
     record_votes: bool = True
     anchor_code: Literal["sign", "int8", "float16"] = "sign"  # position-aware: H/8, H or 2H bytes per anchor
     min_correction_norm: float = 0.0  # ρ_min: skip writes whose ‖R_m‖ is below it (0: off)
@@ -92,9 +92,11 @@ class AdaptConfig:
     max_step: float = 1.0  # flip: no step longer than this times ‖h‖ (beyond it the model keeps its own token)
     flip_iterations: int = 8  # flip: re-linearised steps before giving up (the model then keeps its token)
     min_relevance: float = -1.0  # position-aware: prototypes below this centred-key cosine do not vote (-1: all vote)
-    # position-aware with recorded votes: steer a position only where the voting prototypes' estimated chance that
-    # their token is the new query's (their record shrunk toward the memory's pooled one) is at least this (0: always)
-    min_reliability: float = 0.5
+    # position-aware with recorded votes: steer a position only where the voters' estimated chance that their token
+    # is the query's exceeds the estimated chance that the model's own token is, by more than `min_advantage` (both
+    # from the voters' records shrunk toward the pooled ones); off: steer wherever the memory has a token
+    vote_gate: bool = True
+    min_advantage: float = 0.0
     reliability_prior: float = 2.0  # pseudo-votes of the pooled record added to each prototype's own
     candidates: int = 8  # K_s: prototypes kept per query by anchor relevance (the MIITA paper's memory)
     top_k: int = 1  # K: prototypes aggregated per decoding step (the MIITA paper's K = 3 averages other answers in)
@@ -111,8 +113,8 @@ class AdaptConfig:
             raise ValueError(f"candidates ({self.candidates}) and top_k ({self.top_k}) must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
-        if not 0.0 <= self.min_reliability <= 1.0 or self.reliability_prior < 0:
-            raise ValueError(f"min_reliability must be in [0, 1] ({self.min_reliability}) and reliability_prior >= 0 "
+        if not -1.0 <= self.min_advantage < 1.0 or self.reliability_prior < 0:
+            raise ValueError(f"min_advantage must be in [-1, 1) ({self.min_advantage}) and reliability_prior >= 0 "
                              f"({self.reliability_prior})")
         if self.rule not in ("flip", "relative", "copy"):
             raise ValueError(f"rule {self.rule!r} is not one of flip, relative, copy")
@@ -427,4 +429,4 @@ def extract_directions(lm: CausalLM, pairs: pa.RecordBatch) -> pa.RecordBatch:
     tokens = [[*lm.answer_ids(a), lm.answer_end_id] for a in answers]
     return S.direction_batch(S.sample_ids_to_numpy(pairs), keys.numpy(), corrections.numpy(),
                              corrections.norm(dim=1).numpy(), pairs.column(S.TASK_ID), encoder=lm.spec.name,
-                             answer_tokens=tokens, answer_nll=out.loss.cpu().numpy())
+                             answer_tokens=tokens, answer_nll=out.loss.cpu().numpy(), model_tokens=out.model_tokens)

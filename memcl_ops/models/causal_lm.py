@@ -258,6 +258,9 @@ class TeacherForced:
     keys: torch.Tensor  # (N, H) k_m, normalised
     corrections: torch.Tensor  # (N, H) R_m, unnormalised
     loss: torch.Tensor  # (N,) mean cross-entropy over the answer tokens (before adaptation)
+    # per pair, the model's own greedy token at each answer position given the reference answer before it, the
+    # position after the answer (where the end-of-answer token belongs) included
+    model_tokens: list[list[int]] = field(default_factory=list)
 
 
 class CausalLM:
@@ -352,17 +355,18 @@ class CausalLM:
         """Keys (Eq. 1) and closed-form corrections (Eq. 2) for (prompt, answer) pairs."""
         if len(prompts) != len(answers):
             raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
-        keys, corrections, losses = [], [], []
+        keys, corrections, losses, own = [], [], [], []
         for start in range(0, len(prompts), self.spec.micro_batch):
             chunk = range(start, min(start + self.spec.micro_batch, len(prompts)))
-            k, r, loss = self._teacher_forced_chunk([self.prompt_tokens(prompts[i]) for i in chunk],
-                                                    [self.answer_ids(answers[i]) for i in chunk])
+            k, r, loss, tokens = self._teacher_forced_chunk([self.prompt_tokens(prompts[i]) for i in chunk],
+                                                            [self.answer_ids(answers[i]) for i in chunk])
             keys.append(k)
             corrections.append(r)
             losses.append(loss)
+            own += tokens
         empty = torch.zeros(0, self.hidden_size, device=self.device)
         return TeacherForced(torch.cat(keys) if keys else empty, torch.cat(corrections) if corrections else empty,
-                             torch.cat(losses) if losses else torch.zeros(0, device=self.device))
+                             torch.cat(losses) if losses else torch.zeros(0, device=self.device), own)
 
     def _forward_pairs(self, prompts: list[list[int]], answers: list[list[int]], hidden_states: bool) -> object:
         ids, mask = _right_padded([p + a for p, a in zip(prompts, answers)], self.pad_id, self.device)
@@ -383,20 +387,22 @@ class CausalLM:
         return torch.stack(losses).mean()
 
     def _teacher_forced_chunk(self, prompts: list[PromptTokens], answers: list[list[int]]
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
         out = self._forward_pairs([p.ids for p in prompts], answers, hidden_states=True)
         key_states = out.hidden_states[self.key_layer]
-        keys, corrections, losses = [], [], []
+        keys, corrections, losses, own = [], [], [], []
         for i, (tokens, a) in enumerate(zip(prompts, answers)):
             keys.append(normalize(key_states[i, slice(*tokens.key_span)].mean(dim=0)))
-            log_p = F.log_softmax(self.head(self._target_states(out, i, len(tokens.ids), len(a))), dim=-1)
+            logits = self.head(self._target_states(out, i, len(tokens.ids), len(a) + 1))  # and the next position
+            own.append(logits.argmax(dim=-1).tolist())
+            log_p = F.log_softmax(logits[:len(a)], dim=-1)
             target = torch.tensor(a, device=self.device)
             rows = torch.arange(len(a), device=self.device)
             residual = -log_p.exp()  # e_y − p, summed over the target positions then averaged
             residual[rows, target] += 1.0
             corrections.append(residual.mean(dim=0) @ self.weight)
             losses.append(-log_p[rows, target].mean())
-        return torch.stack(keys), torch.stack(corrections), torch.stack(losses)
+        return torch.stack(keys), torch.stack(corrections), torch.stack(losses), own
 
     @torch.inference_mode()
     def query_keys(self, prompts: Sequence[str]) -> torch.Tensor:

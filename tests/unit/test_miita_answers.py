@@ -78,7 +78,7 @@ def test_decoding_with_the_memory_writes_each_stored_answer_and_stops(lm):
                                                                          anchor_code="float16"))
     for k, a in zip(lm.query_keys(prompts), answers):
         memory.write(k, np.array([*lm.answer_ids(a), lm.answer_end_id]))
-    config = AdaptConfig(max_step=100.0, flip_iterations=32, min_reliability=0.0)  # the steps alone, no gate
+    config = AdaptConfig(max_step=100.0, flip_iterations=32, vote_gate=False)  # the steps alone, no gate
     base = lm.generate(prompts, 12)
     adapted = lm.generate(prompts, 12, AnswerSteering(memory, lm.weight, config))
     assert all(t.strip() != a.strip() for t, a in zip(base.texts, answers))  # the random model knows none
@@ -157,7 +157,7 @@ def test_repair_keeps_every_answer_it_can_afford():
     rng = np.random.default_rng(3)
     hidden, vocab = 64, 100
     one = answer_prototype_bytes(hidden, 2, 1, "sign", votes=True)
-    pooled = POOLED_VOTE_BYTES * (1 + 2)
+    pooled = POOLED_VOTE_BYTES * (1 + 2 * 2)
     budget = centre_bytes(hidden) + pooled + 6 * one + anchor_width(hidden, "sign") - 1  # no room for a seventh anchor
     memory = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=budget, positions=2, centre_keys=True))
     keys, labels = clustered_keys(rng, 120, 6, hidden)
@@ -179,22 +179,28 @@ def steered_positions(memory: AnswerMemory, queries: torch.Tensor, weight: torch
 def test_the_vote_record_opens_the_gate_where_answers_repeat_and_closes_it_where_they_do_not():
     """Over seeded trials: on clustered keys whose answers repeat per cluster the memory steers the content
     position; on the same keys with an answer of their own each, it leaves the content position to the model and
-    still steers the end of the answer, the one token every stored answer shares."""
+    still steers the end of the answer, the one token every stored answer shares; and where the model's own token
+    was the answer more often than the memory's, it leaves the model alone even though answers repeat."""
     hidden, vocab = 64, 100
+    config = MemoryConfig(budget_bytes=64 * 1024, positions=2, centre_keys=True)
     for seed in range(20):
         rng = np.random.default_rng(seed)
         keys, labels = clustered_keys(rng, 90, 5, hidden)
         weight = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed))
-        repeating = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=64 * 1024, positions=2, centre_keys=True))
-        own = AnswerMemory(hidden, vocab, MemoryConfig(budget_bytes=64 * 1024, positions=2, centre_keys=True))
+        repeating, own, known = (AnswerMemory(hidden, vocab, config) for _ in range(3))
         for i, (k, c) in enumerate(zip(keys[:60], labels[:60])):
-            repeating.write(k, np.array([int(c), END]))
+            wrong_end = np.array([int(c), END + 1])  # the model knows the label but not where the answer ends
+            repeating.write(k, np.array([int(c), END]), model_tokens=np.array([END - 1, END]))
             own.write(k, np.array([i % 60 + 10 if i % 60 + 10 != END else 5, END]))
+            known.write(k, np.array([int(c), END]), model_tokens=wrong_end)
         on_repeating = steered_positions(repeating, keys[60:], weight)
         on_own = steered_positions(own, keys[60:], weight)
+        on_known = steered_positions(known, keys[60:], weight)
         assert on_repeating[:, 0].float().mean() >= 0.9, seed
+        assert not on_repeating[:, 1].any(), seed  # the model ends the answer itself: nothing to gain there
         assert on_own[:, 0].float().mean() <= 0.1, seed
         assert on_own[:, 1].all(), seed  # the form every answer shares still transfers
+        assert not on_known[:, 0].any() and on_known[:, 1].all(), seed
 
 
 def test_miita_takes_the_form_of_answers_that_do_not_repeat_and_never_their_content(lm):
@@ -205,13 +211,14 @@ def test_miita_takes_the_form_of_answers_that_do_not_repeat_and_never_their_cont
     answers = [f"{chr(97 + i)}{chr(97 + (7 * i) % 26)}" for i in range(len(train))]
     test = [f"fact {i + 100}: the thing called {w} sits near" for i, w in enumerate(NOUN_SAMPLE[::-1])]
     memory = AnswerMemory(lm.hidden_size, lm.vocab_size, MemoryConfig(budget_bytes=64 * 1024, positions=4))
-    for k, a in zip(lm.teacher_forced(train, answers).keys, answers):
-        memory.write(k, np.array([*lm.answer_ids(a), lm.answer_end_id]))
+    written = lm.teacher_forced(train, answers)
+    for k, a, own in zip(written.keys, answers, written.model_tokens):
+        memory.write(k, np.array([*lm.answer_ids(a), lm.answer_end_id]), model_tokens=np.array(own))
     steering = AnswerSteering(memory, lm.weight, AdaptConfig(max_step=100.0))
     nearest = steering.nearest_answers(lm.query_keys(test))
     gated = lm.generate(test, 6, steering).tokens
     copied = lm.generate(test, 6, AnswerSteering(memory, lm.weight, AdaptConfig(max_step=100.0,
-                                                                                min_reliability=0.0))).tokens
+                                                                                vote_gate=False))).tokens
     assert copied == nearest
     assert all(g[1:3] != n[1:3] for g, n in zip(gated, nearest))  # no neighbour's letters
     assert all(g[0] == n[0] and g[3:] == [lm.answer_end_id] for g, n in zip(gated, nearest))
