@@ -276,3 +276,15 @@ def test_a_kept_prefix_is_read_again_once_the_weights_can_change(whole_and_share
             lm.model.requires_grad_(False)
     assert answers[0] == answers[1]
     assert answers[1] != shared.generate(TASK_PROMPTS, 6).tokens  # the step did change them
+
+
+def test_the_model_own_teacher_forced_tokens_start_with_its_greedy_answer(whole_and_shared):
+    lm = whole_and_shared[1]
+    answers = ["x y", "blue", "a b c d", "zz", "q r"]
+    forced = lm.teacher_forced(TASK_PROMPTS, answers)
+    greedy = lm.generate(TASK_PROMPTS, 1).tokens
+    for own, answer, first in zip(forced.model_tokens, answers, greedy):
+        assert len(own) == len(lm.answer_ids(answer)) + 1  # each answer position and the one after it
+        assert own[0] == first[0]  # nothing of the reference is read before position 0
+    logits = lm.model(torch.tensor([lm.prompt_ids(TASK_PROMPTS[2]) + lm.answer_ids(answers[2])])).logits[0]
+    assert forced.model_tokens[2] == logits[-len(lm.answer_ids(answers[2])) - 1:].argmax(dim=-1).tolist()
