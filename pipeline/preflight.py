@@ -4,6 +4,7 @@ one line (the key, what is wrong, what is accepted) instead of failing inside an
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from memcl.pipeline.config import ConfigError, RunConfig
@@ -54,7 +55,49 @@ def check_run(config: RunConfig) -> MethodSpec:
                           "stream with task boundaries; a task-free run evaluates every runtime.evaluate_every rounds")
     if spec.family == "nsr":
         _check_nsr(spec, config)
+    if not (config.runtime.address or os.environ.get("RAY_ADDRESS")):  # Ray will start here, with this machine's GPUs
+        check_gpus(config, spec, local_gpus(), "this machine has")
     return spec
+
+
+# the roles whose actors a run of each family starts (the encoder pool apart; memcl lm checks its own)
+FAMILY_ROLES = {"features": ("source", "memory", "monitor", "stage1", "stage2"),
+                "nsr": ("source", "adapter_trainer", "memory")}
+
+
+def reserved_gpus(config: RunConfig, spec: MethodSpec) -> dict[str, tuple[float, int]]:
+    """The GPUs the run's actors reserve where the config asks for them ("auto" takes only what the cluster has, so
+    never more): per role, (GPUs per actor, actors)."""
+    rt, enc = config.runtime, config.encoder
+    explicit = enc.num_gpus if enc.num_gpus != "auto" else 0.0
+    out = {}
+    for role in FAMILY_ROLES.get(spec.family, ()):
+        own = rt.placement[role].num_gpus if role in rt.placement else None
+        if own is None and role == "adapter_trainer":  # by default NSR's workers reserve what an encoder replica would
+            own = explicit
+        if own:
+            out[role] = (own, rt.data_parallel if role == "adapter_trainer" else 1)
+    if spec.family == "features" and explicit:
+        out["encoder"] = (explicit, enc.replicas)
+    return out
+
+
+def check_gpus(config: RunConfig, spec: MethodSpec, available: float, where: str) -> None:
+    """ConfigError when the run's actors reserve more GPUs than `available`: Ray would wait for them forever."""
+    asked = reserved_gpus(config, spec)
+    total = sum(gpus * copies for gpus, copies in asked.values())
+    if total > available:
+        detail = ", ".join(f"{role} {gpus:g}" + (f" x {copies} actors" if copies > 1 else "")
+                           for role, (gpus, copies) in asked.items())
+        raise ConfigError(f"runtime.placement: the run's actors reserve {total:g} GPUs ({detail}) and {where} "
+                          f"{available:g}; lower runtime.data_parallel, encoder.replicas or the placements' num_gpus, "
+                          "or join a cluster that has them (runtime.address)")
+
+
+def local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 NSR_EXAMPLE = "`memcl run --config pipeline/configs/nsr-bbc-cyclic.yaml` runs NSR on BBC News with MiniLM"

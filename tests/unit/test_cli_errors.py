@@ -59,6 +59,10 @@ CASES = {  # argv -> words the one line must contain
     "run --set runtime.data_parallel=2": ["runtime.data_parallel", "mars", "nsr-fresh"],
     "run --set runtime.data_parallel=0": ["runtime.data_parallel", "1 or more"],
     "run --set runtime.placement.encoder.num_gpus=1": ["runtime.placement", "'encoder'", "stage1"],
+    "run --config pipeline/configs/nsr-bbc-cyclic.yaml --set runtime.data_parallel=64 "
+    "--set runtime.placement.adapter_trainer.num_gpus=1": ["runtime.placement", "64 GPUs", "adapter_trainer 1 x 64",
+                                                            "runtime.data_parallel"],
+    "run --set encoder.num_gpus=1 --set encoder.replicas=64": ["runtime.placement", "64 GPUs", "encoder 1 x 64"],
     "lm --set runtime.lm_replicas=0": ["runtime.lm_replicas", "1 or more"],
     "run --set stream.realtime.mode=simulated --set runtime.transport=compiled": [
         "stream.realtime", "runtime.transport=actors"],

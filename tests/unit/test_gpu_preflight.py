@@ -1,0 +1,34 @@
+"""What a run's actors reserve in GPUs, checked against what a machine or a cluster has before any actor starts
+(pipeline/preflight.py): Ray would otherwise wait for them forever."""
+
+import pytest
+
+from memcl.pipeline import preflight
+from memcl.pipeline.config import ConfigError, load_config
+from memcl_ops.methods import METHODS
+
+NSR = "pipeline/configs/nsr-bbc-cyclic.yaml"
+
+
+def reserved(config) -> dict:
+    return preflight.reserved_gpus(config, METHODS[config.method.name])
+
+
+def test_workers_and_replicas_count_each_copy_and_auto_reserves_nothing():
+    assert reserved(load_config(NSR)) == {}  # "auto": only what the cluster has
+    workers = load_config(NSR, {"runtime.data_parallel": 4, "encoder.num_gpus": 0.5})
+    assert reserved(workers) == {"adapter_trainer": (0.5, 4)}  # NSR's workers reserve what an encoder would
+    placed = load_config(NSR, {"runtime.data_parallel": 2, "encoder.num_gpus": 0.5,
+                               "runtime.placement": {"adapter_trainer": {"num_gpus": 1}}})
+    assert reserved(placed) == {"adapter_trainer": (1, 2)}  # its own placement wins
+    features = load_config(None, {"encoder.num_gpus": 1, "encoder.replicas": 3, "runtime.placement": {
+        "stage2": {"num_gpus": 0.25}, "adapter_trainer": {"num_gpus": 1}}})
+    assert reserved(features) == {"stage2": (0.25, 1), "encoder": (1, 3)}  # no adapter trainer in a features run
+
+
+def test_a_cluster_with_fewer_gpus_than_the_actors_reserve_is_refused_in_one_line():
+    config = load_config(NSR, {"runtime.data_parallel": 2, "runtime.placement": {"adapter_trainer": {"num_gpus": 1}}})
+    spec = METHODS[config.method.name]
+    preflight.check_gpus(config, spec, 2, "the cluster has")  # two GPUs: both workers fit
+    with pytest.raises(ConfigError, match=r"reserve 2 GPUs \(adapter_trainer 1 x 2 actors\) and the cluster has 1"):
+        preflight.check_gpus(config, spec, 1, "the cluster has")
