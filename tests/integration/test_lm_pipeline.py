@@ -88,10 +88,10 @@ def test_a_real_step_changes_the_answers(actors, tmp_path, zero_step):
 
 
 def test_position_aware_miita_writes_the_nearest_stored_answer(actors, tmp_path):
-    """Through the actors, the flip step makes the model write what its memory retrieved: MIITA's answers are the
-    nearest-answer baseline's (same memory, same retrieval, answers copied without decoding)."""
+    """Through the actors, the flip step makes the model write what its memory retrieved: ungated, MIITA's answers are
+    the nearest-answer baseline's (same memory, same retrieval, answers copied without decoding)."""
     cfg = config(0.0, methods=("miita", "nearest-answer"), budgets=(4096,))
-    cfg = replace(cfg, method=LMMethodConfig(adapt=AdaptConfig(max_step=100.0, flip_iterations=32)))
+    cfg = replace(cfg, method=LMMethodConfig(adapt=AdaptConfig(max_step=100.0, flip_iterations=32, vote_gate=False)))
     preds = predictions(run(cfg, run_dir=tmp_path, actors=actors).metrics)
     same = [text == preds["nearest-answer@4KiB"][key] for key, text in preds["miita@4KiB"].items()]
     assert len(same) == 18 and np.mean(same) >= 0.8, same
