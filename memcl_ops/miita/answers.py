@@ -197,9 +197,10 @@ class AnswerMemory:
             self.update_centre(key.unsqueeze(0))
         unit = self.centred(key.unsqueeze(0))
         tokens = tokens.astype(self.tokens_dtype)
-        if self.config.record_votes and len(self):
-            self._record_vote(unit[0], tokens, model_tokens)
+        nearest = self._record_vote(unit[0], tokens, model_tokens) if self.config.record_votes and len(self) else None
         j = self._by_answer.get(tokens.tobytes())
+        if j is None and nearest is not None and self.config.admit == "ahead" and not self._ahead(nearest):
+            return WriteResult("skipped", -1, False, 0)  # new, where the memory does no better than the model
         if j is None:
             self.answers.append(tokens)
             self.anchors.append(encode_anchor(unit, self.config.anchor_code))
@@ -223,9 +224,9 @@ class AnswerMemory:
         repairs = self._repair()
         return WriteResult(action, self._by_answer.get(tokens.tobytes(), -1), added, repairs)
 
-    def _record_vote(self, unit: torch.Tensor, tokens: np.ndarray, model_tokens: np.ndarray | None) -> None:
+    def _record_vote(self, unit: torch.Tensor, tokens: np.ndarray, model_tokens: np.ndarray | None) -> int:
         """Test-then-write: position by position, would the nearest prototype's token have been this experience's,
-        and was the model's own?"""
+        and was the model's own? Returns that prototype."""
         units, owner = self.anchor_units()
         j = int(owner[int((units @ unit).argmax())])
         stored = self.answers[j]
@@ -241,22 +242,34 @@ class AnswerMemory:
         self.pooled_trials += 1
         self.pooled_hits[:len(agree)] += agree
         self.pooled_model_hits[:len(agree)] += model_agrees
+        return j
 
-    def reliability(self, prior: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _ahead(self, j: int) -> bool:
+        """Whether prototype j's record says the memory beats the model at the answer's first position."""
+        ours, theirs = self._rates(j)
+        return bool(ours[0] > theirs[0])
+
+    def reliability(self) -> tuple[torch.Tensor, torch.Tensor]:
         """((J, positions), (J, positions)): per prototype and position, the estimated chance that its token, and
         that the model's own token, is a new query's there: the prototype's record shrunk toward the pooled one by
-        `prior` pseudo-votes (pooled rates Laplace-smoothed). Without a record: the memory 1, the model 0."""
+        `reliability_prior` pseudo-votes (pooled rates Laplace-smoothed). Without a record: the memory 1, the
+        model 0."""
         memory, model = torch.ones(len(self), self.config.positions), torch.zeros(len(self), self.config.positions)
         if not self.config.record_votes:
             return memory, model
-        for out, hits, pooled_hits in ((memory, self.hits, self.pooled_hits),
-                                       (model, self.model_hits, self.pooled_model_hits)):
-            pooled = (pooled_hits + 1) / (self.pooled_trials + 2)
-            for j, (trials, own) in enumerate(zip(self.trials, hits)):
-                n = len(own)
-                rate = (own + prior * pooled[:n]) / (trials + prior) if trials + prior else pooled[:n]
-                out[j, :n] = torch.from_numpy(rate).float()
+        for j, hits in enumerate(self.hits):
+            ours, theirs = self._rates(j)
+            memory[j, :len(hits)], model[j, :len(hits)] = torch.from_numpy(ours), torch.from_numpy(theirs)
         return memory, model
+
+    def _rates(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """Prototype j's shrunk rates per answer position: (its token was right, the model's own was)."""
+        prior, trials = self.config.reliability_prior, self.trials[j]
+        out = []
+        for hits, pooled_hits in ((self.hits[j], self.pooled_hits), (self.model_hits[j], self.pooled_model_hits)):
+            pooled = (pooled_hits[:len(hits)] + 1) / (self.pooled_trials + 2)
+            out.append(((hits + prior * pooled) / (trials + prior) if trials + prior else pooled).astype(np.float32))
+        return out[0], out[1]
 
     def write_batch(self, extracted: pa.RecordBatch) -> dict[str, int]:
         """WRITE every row of a key/answer-token batch, in stream order; returns what the writes did."""
@@ -421,7 +434,7 @@ class AnswerSteering:
         for j, t in enumerate(memory.answers):
             self.answers[j, :len(t)] = torch.from_numpy(t.astype(np.int64))
         self.answers = self.answers.to(device)
-        memory_rate, model_rate = memory.reliability(config.reliability_prior)  # (J, positions) each
+        memory_rate, model_rate = memory.reliability()  # (J, positions) each
         # what steering a position gains over the model's own token there (the vote gate compares it)
         self.advantage = (memory_rate - model_rate).to(device)
 

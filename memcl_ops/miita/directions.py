@@ -58,6 +58,11 @@ class MemoryConfig:
     # write); the read side steers a position only where the memory's record beats the model's (AdaptConfig.vote_gate).
     # Costs 2 + 4·(answer positions) bytes per prototype and 4 + 8·positions for the pooled record
     record_votes: bool = True
+    reliability_prior: float = 2.0  # pseudo-votes of the pooled record added to each prototype's own when read
+    # which experiences become prototypes: "all"; "ahead": a new answer only where the nearest prototype's record
+    # shows the memory beating the model at the answer's first position (or the memory is empty), so a
+    # budget shared with demonstrations is not spent on answers the memory cannot give (`miita-replay`)
+    admit: Literal["all", "ahead"] = "all"
     anchor_code: Literal["sign", "int8", "float16"] = "sign"  # position-aware: H/8, H or 2H bytes per anchor
     min_correction_norm: float = 0.0  # ρ_min: skip writes whose ‖R_m‖ is below it (0: off)
     direction_merge: float = 0.8  # τ_d: merge into the nearest prototype when cos(d_m, d_j) ≥ τ_d
@@ -76,6 +81,9 @@ class MemoryConfig:
             raise ValueError(f"positions must be in 0..255 (0: MIITA's averaged memory), got {self.positions}")
         if self.budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {self.budget_bytes}")
+        if self.admit not in ("all", "ahead") or self.reliability_prior < 0:
+            raise ValueError(f"admit must be all or ahead ({self.admit!r}) and reliability_prior >= 0 "
+                             f"({self.reliability_prior})")
         for name in ("direction_merge", "new_anchor"):
             if not -1.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} is a cosine threshold in [-1, 1], got {getattr(self, name)}")
@@ -97,7 +105,6 @@ class AdaptConfig:
     # from the voters' records shrunk toward the pooled ones); off: steer wherever the memory has a token
     vote_gate: bool = True
     min_advantage: float = 0.0
-    reliability_prior: float = 2.0  # pseudo-votes of the pooled record added to each prototype's own
     candidates: int = 8  # K_s: prototypes kept per query by anchor relevance (the MIITA paper's memory)
     top_k: int = 1  # K: prototypes aggregated per decoding step (the MIITA paper's K = 3 averages other answers in)
     uncertainty_weight: float = 0.5  # λ_u in s_j = r_j + λ_u·cos(u_t, d_j) (the MIITA paper's memory)
@@ -113,9 +120,8 @@ class AdaptConfig:
             raise ValueError(f"candidates ({self.candidates}) and top_k ({self.top_k}) must be >= 1")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
-        if not -1.0 <= self.min_advantage < 1.0 or self.reliability_prior < 0:
-            raise ValueError(f"min_advantage must be in [-1, 1) ({self.min_advantage}) and reliability_prior >= 0 "
-                             f"({self.reliability_prior})")
+        if not -1.0 <= self.min_advantage < 1.0:
+            raise ValueError(f"min_advantage must be in [-1, 1), got {self.min_advantage}")
         if self.rule not in ("flip", "relative", "copy"):
             raise ValueError(f"rule {self.rule!r} is not one of flip, relative, copy")
 

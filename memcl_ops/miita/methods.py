@@ -20,7 +20,10 @@ METHODS = [
                "the retrieval's ceiling)", family="lm", tags=frozenset({"generative", "byte-budget",
                                                                           "direction-memory"}),
                fixed={"adapt": {"rule": "copy"}}, role="baseline"),
+    # a new answer becomes a prototype only where the memory beats the model (its vote record): the rest of the
+    # budget holds demonstrations, which carry what a memory of answer tokens cannot (benchmarks/RESULTS.md)
     MethodSpec("miita-replay", "MIITA + replay in one budget: position-aware prototypes steer, replayed examples "
                "shown in the prompt", family="lm",
-               tags=frozenset({"generative", "byte-budget", "direction-memory", "demonstrations"})),
+               tags=frozenset({"generative", "byte-budget", "direction-memory", "demonstrations"}),
+               fixed={"memory": {"admit": "ahead"}}),
 ]

@@ -2,6 +2,8 @@
 LM, decoding that reproduces stored answers and stops, compact anchors within their stated error, bytes that equal
 the stored arrays, centred keys, and repair that keeps every answer it can afford."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -226,3 +228,24 @@ def test_miita_takes_the_form_of_answers_that_do_not_repeat_and_never_their_cont
 
 NOUN_SAMPLE = ("apple", "river", "candle", "tiger", "window", "bottle", "garden", "pencil", "mirror", "rocket",
                "blanket", "carrot", "island", "ladder", "magnet", "orange", "pillow", "saddle", "teapot", "violin")
+
+
+def test_admitting_only_where_the_memory_is_ahead_spends_no_bytes_on_answers_it_cannot_give():
+    """Over seeded trials, `admit: ahead` (miita-replay's): where answers repeat, every label is stored; where each
+    answer is its own and the model's own first token does as well as the nearest stored one (never right, both),
+    new answers stop being stored once the record shows it, and the bytes stay free for demonstrations."""
+    hidden, vocab = 64, 100
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        keys, labels = clustered_keys(rng, 60, 5, hidden)
+        config = MemoryConfig(budget_bytes=64 * 1024, positions=2, centre_keys=True, admit="ahead")
+        repeating, own = AnswerMemory(hidden, vocab, config), AnswerMemory(hidden, vocab, config)
+        for i, (k, c) in enumerate(zip(keys, labels)):
+            repeating.write(k, np.array([int(c), END]), model_tokens=np.array([END - 1, END - 1]))
+            own.write(k, np.array([10 + i, END]), model_tokens=np.array([END - 1, END - 1]))
+        assert sorted(int(a[0]) for a in repeating.answers) == sorted(set(labels.tolist())), seed
+        assert len(own) <= 5 and own.pooled_trials == len(keys) - 1, (seed, len(own))  # the record still learns
+        everything = AnswerMemory(hidden, vocab, replace(config, admit="all"))
+        for i, k in enumerate(keys):
+            everything.write(k, np.array([10 + i, END]))
+        assert len(everything) == len(keys)
