@@ -295,7 +295,7 @@ class CausalLM:
         turn_end = [i for i in self._special_stops()[:1] if self.chat]
         self.answer_end_id = int(turn_end[0] if turn_end else (tokenizer.eos_token_id if tokenizer.eos_token_id
                                                                   is not None else self.pad_id))
-        self._prefixes: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
+        self._prefixes: OrderedDict[tuple, Prefix] = OrderedDict()  # (device, *token ids) -> its prefix
 
     @property
     def weight(self) -> torch.Tensor:
@@ -425,21 +425,32 @@ class CausalLM:
         return max(common, 0)
 
     def prefix(self, ids: tuple[int, ...]) -> Prefix:
-        """The token prefix `ids` read once; kept for reuse until PREFIXES_KEPT other prefixes were read since, and
-        only while no weight of the model can train (a fine-tuned adapter would make a kept cache stale)."""
+        """The token prefix `ids` read once; kept for reuse until PREFIXES_KEPT other prefixes were read since. Kept
+        only while no weight of the model can train (a fine-tuned adapter would make a kept cache stale: nothing is
+        kept then, and what was kept is dropped); a caller that changes frozen weights in place calls
+        `forget_prefixes`."""
+        key = (str(self.device), *ids)  # a model moved to another device reads its prefixes again
         if any(p.requires_grad for p in self.model.parameters()):
             self._prefixes.clear()
-        kept = self._prefixes.get(ids)
+            return self._read_prefix(ids)
+        kept = self._prefixes.get(key)
         if kept is not None:
-            self._prefixes.move_to_end(ids)
+            self._prefixes.move_to_end(key)
             return kept
-        out = self.backbone(input_ids=torch.tensor([ids], device=self.device),
-                            position_ids=torch.arange(len(ids), device=self.device).unsqueeze(0),
-                            output_hidden_states=True, use_cache=True)
-        kept = self._prefixes[ids] = Prefix(ids, out.cache, out.hidden_states[self.key_layer][0])
+        kept = self._prefixes[key] = self._read_prefix(ids)
         while len(self._prefixes) > PREFIXES_KEPT:
             self._prefixes.popitem(last=False)
         return kept
+
+    def _read_prefix(self, ids: tuple[int, ...]) -> Prefix:
+        out = self.backbone(input_ids=torch.tensor([ids], device=self.device),
+                            position_ids=torch.arange(len(ids), device=self.device).unsqueeze(0),
+                            output_hidden_states=True, use_cache=True)
+        return Prefix(ids, out.cache, out.hidden_states[self.key_layer][0])
+
+    def forget_prefixes(self) -> None:
+        """Drop every kept prefix (after the model's weights were changed in place)."""
+        self._prefixes.clear()
 
     def _prefill(self, seqs: list[PromptTokens], shared: int) -> Prefill:
         """Read prompts up to their last token (left padded), the first `shared` tokens (common to all of them) from
