@@ -31,7 +31,8 @@ def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(actors, tmp_path, ca
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
-    while not list(tmp_path.glob("*/checkpoints/ckpt-*.npz")) and time.monotonic() < deadline:
+    # a checkpoint is complete once its checksum is written, after the npz (pipeline/checkpoint.py)
+    while not list(tmp_path.glob("*/checkpoints/ckpt-*.sha256")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)
