@@ -53,10 +53,10 @@ class MemoryConfig:
     # queries centred at read time once later tasks move the mean (1-NN on a dev split 54 % against 62-71 % on raw
     # keys, benchmarks/RESULTS.md); merging by answer tokens, not by key, already avoids what centring was for
     centre_keys: bool = False
-    # position-aware: each prototype records, write by write, whether its answer token at each position was the token
-    # of a new experience it was the nearest prototype of, and whether the frozen model's own token was (test-then-
-    # write); the read side steers a position only where the memory's record beats the model's (AdaptConfig.vote_gate).
-    # Costs 2 + 4·(answer positions) bytes per prototype and 4 + 8·positions for the pooled record
+    # position-aware: each prototype records, write by write (test-then-write), whether its answer token at each
+    # position was the token of a new experience it was the nearest prototype of, and whether the frozen model's own
+    # token was; the read side steers a position only where the memory's record beats the model's
+    # (AdaptConfig.vote_gate). Costs 2 + 4·(answer positions) bytes per prototype and 4 + 8·positions pooled
     record_votes: bool = True
     reliability_prior: float = 2.0  # pseudo-votes of the pooled record added to each prototype's own when read
     # which experiences become prototypes: "all"; "ahead": a new answer only where the nearest prototype's record
