@@ -50,8 +50,9 @@ def steering(lm: CausalLM, task: superni.TextTask, budget: int) -> AnswerSteerin
     """MIITA's position-aware memory written from the task's training pairs."""
     memory = AnswerMemory(lm.hidden_size, lm.vocab_size, MemoryConfig(budget_bytes=budget))
     prompts, answers = [p.prompt for p in task.train], [p.answer for p in task.train]
-    for key, answer in zip(lm.teacher_forced(prompts, answers).keys, answers):
-        memory.write(key, np.array([*lm.answer_ids(answer), lm.answer_end_id]))
+    written = lm.teacher_forced(prompts, answers)
+    for key, answer, own in zip(written.keys, answers, written.model_tokens):  # as the pipeline writes them
+        memory.write(key, np.array([*lm.answer_ids(answer), lm.answer_end_id]), model_tokens=np.array(own))
     return AnswerSteering(memory, lm.weight, AdaptConfig())
 
 
@@ -59,7 +60,7 @@ def answer(lm: CausalLM, way: str, prompts: list[str], tokens: int, memory: Answ
     """Seconds to answer `prompts` one way, and the answers' tokens."""
     lm.spec = replace(lm.spec, **(BEFORE if way.endswith("before") else NOW))
     if way != "floor":
-        lm._prefixes.clear()  # the prefix is read once per task, inside the timed call
+        lm.forget_prefixes()  # the prefix is read once per task, inside the timed call
     elif shared := lm.shared_prefix([lm.prompt_tokens(p) for p in prompts]):
         lm.prefix(tuple(lm.prompt_tokens(prompts[0]).ids[:shared]))  # read before the clock starts
     start = time.perf_counter()

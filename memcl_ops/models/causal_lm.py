@@ -223,7 +223,6 @@ class PromptTokens:
 class Prefix:
     """A token prefix read once: its KV cache (batch of one) and its key-layer states (P, H)."""
 
-    ids: tuple[int, ...]
     cache: object
     key_states: torch.Tensor
 
@@ -446,7 +445,7 @@ class CausalLM:
         out = self.backbone(input_ids=torch.tensor([ids], device=self.device),
                             position_ids=torch.arange(len(ids), device=self.device).unsqueeze(0),
                             output_hidden_states=True, use_cache=True)
-        return Prefix(ids, out.cache, out.hidden_states[self.key_layer][0])
+        return Prefix(out.cache, out.hidden_states[self.key_layer][0])
 
     def forget_prefixes(self) -> None:
         """Drop every kept prefix (after the model's weights were changed in place)."""

@@ -211,7 +211,7 @@ def test_a_task_prompts_share_a_prefix_that_is_read_once(whole_and_shared):
     assert common >= len(shared.tokenizer(DEFINITION)["input_ids"])  # the definition is in it
     assert all(s.ids[:common] == seqs[0].ids[:common] for s in seqs)
     assert whole.shared_prefix(seqs) == 0
-    shared._prefixes.clear()
+    shared.forget_prefixes()
     shared.generate(TASK_PROMPTS, 4)
     shared.generate(TASK_PROMPTS[:2], 4)  # a later batch of the same task reuses the cached prefix
     assert [key[1:] for key in shared._prefixes] == [tuple(seqs[0].ids[:common])]
