@@ -47,7 +47,8 @@ def run_in_process(method: str = "mars", settings: dict[str, Any] | None = None,
     info = source.describe()
     if spec.family == "nsr":
         learner = build_learner(method, cfg.method, seed=seed, encoder=cfg.encoder.spec, payload=info.payload,
-                                n_way=max(len(c) for c in info.task_classes))
+                                n_way=max(len(c) for c in info.task_classes),
+                                near_future=cfg.runtime.prequential.near_future)
     elif info.feature_dim is None:
         raise ValueError(f"the stream {info.name!r} carries {info.payload!r}, not features: run it with `memcl.run` "
                          "(its feature cache encodes it), or stream features")

@@ -3,6 +3,7 @@ feature cache. Per visit of a task (one round):
 
     source.train_batch ──> trainer.key (first rows, LoRA off) ──> memory.arrive      (allocation "bank")
                        └─> trainer.begin_task(plan) ─> trainer.train(batch) … ─> trainer.end_task
+                           (each batch predicted, then learned)
                                                                           └─> memory.store_task(snapshot)
     then every seen task is evaluated: with its bank entry (or the active capacity for the memoryless
     allocations and for evicted tasks).
@@ -57,7 +58,7 @@ class NSRPipeline:
         actors.keep_only("adapter_trainer", self.workers)
         for worker in self.workers:
             actors.get(worker, AdapterTrainer, options, enc.spec, info.payload, self.nsr, n_way, config.seed,
-                       enc.threads)
+                       enc.threads, rt.prequential.near_future)
         self.trainer_info = ray.get(actors.handle("adapter_trainer").info.remote())
         names = ["source", *self.workers]
         self.banks = self.nsr.allocation == "bank"  # the memoryless rules keep nothing beyond the active capacity
@@ -137,6 +138,7 @@ class NSRPipeline:
         t_train = time.perf_counter()
         ended = self.flow.end_visit(task, key, tests, wait=lambda ref: bars.wait(
             [ref], f"{what} compress and test", "call", leave=False)[0])
+        predictions = ended.pop("prequential")
         seen = state.seen_tasks + ([] if returning else [task])
         reports.phase("evaluate")
         accuracy = self.evaluate(seen, task, ended, v, letters, what, bars)
@@ -146,7 +148,7 @@ class NSRPipeline:
                      retrieval=vars(arrival.retrieval) if arrival.retrieval else None)
         bars.note(f"after visit {v + 1}: {arrival.kind} start, accuracy {accuracy}")
         return RoundOutcome(accuracy, seen, [v], n, pa.concat_tables(refused) if refused else None,
-                            {"stream": t_train - t0, "evaluate": time.perf_counter() - t_train}, ended)
+                            {"stream": t_train - t0, "evaluate": time.perf_counter() - t_train}, ended, predictions)
 
     def evaluate(self, seen: list[int], active: int, ended: dict, v: int, letters: list, what: str, bars
                  ) -> dict[int, float]:

@@ -360,13 +360,34 @@ class AdapterLearner:
         with self.holding(stored):
             return self.accuracy(batches, classes)
 
+    @torch.no_grad()
+    def scored(self, batch: pa.RecordBatch, classes: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(the global class, the head's score of it) of every row, by the active capacity, its head's output j
+        standing for `classes[j]` (default: the active task's); -1 for an output beyond them."""
+        best, position = self.logits(batch).max(dim=1)
+        answers = np.array([*(self.classes if classes is None else classes), *[-1] * self.n_way])
+        return answers[position.cpu().numpy()], best.float().cpu().numpy()
+
     @contextmanager
     def holding(self, stored: BankEntry | Snapshot):
         """Inside the block a stored adapter and head are the active capacity; the active one comes back after
         (exactly)."""
+        with self._active_kept():
+            self.load_stored(stored)
+            yield
+
+    @contextmanager
+    def as_of(self, state: Mapping[str, np.ndarray]):
+        """Inside the block the active capacity is the one `state` took (its classes too); the active one comes back
+        after (exactly)."""
+        with self._active_kept():
+            self._load_active(state)
+            yield
+
+    @contextmanager
+    def _active_kept(self):
         active = self.state()
         try:
-            self.load_stored(stored)
             yield
         finally:
             self._load_active(active)

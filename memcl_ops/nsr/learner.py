@@ -4,7 +4,8 @@ actors (the adapter trainer; the memory manager's bank), held here as plain obje
 
 A round is a visit of one task. Its first batches are held until their rows make the probe (`probe_full`; or the
 round ends): the task key, the arrival plan, and from then on every batch is trained on as it comes. `consolidate`
-ends the visit (with a bank: the compressed adapter stored under the task). `predict` reads each row's task from the
+ends the visit (with a bank: the compressed adapter stored under the task) and reports the visit's training batches as
+predicted before they were learned ("prequential"). `predict` reads each row's task from the
 task column and answers through that task's bank entry (the active capacity for the memoryless rules and for an
 evicted task), with the task's global class ids (-1 for a head output beyond the task's classes).
 """
@@ -20,20 +21,21 @@ from memcl_ops.learner import Round
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.models.encoders import EncoderSpec
 from memcl_ops.nsr.adapter import probe_full
+from memcl_ops.prequential import PrequentialConfig
 from memcl_ops.roles.adapter_trainer import AdapterTrainer
 from memcl_ops.roles.executor import InProcess
 from memcl_ops.roles.memory_manager import MemoryManager
 from memcl_ops.roles.nsr import NSRFlow, nsr_stores
 from memcl_ops.spec import MethodSpec
-from memcl_ops.tensors import parameter_bytes, prefixed, state_part
+from memcl_ops.tensors import array_bytes, parameter_bytes, prefixed, state_part
 
 
 class NSRLearner:
     def __init__(self, spec: MethodSpec, config: MethodConfig, encoder: EncoderSpec, payload: str, n_way: int,
-                 seed: int = 0):
+                 seed: int = 0, near_future: int = PrequentialConfig.near_future):
         self.tags = spec.tags
         self.config = spec.resolve(config).nsr
-        self.trainer = AdapterTrainer(encoder, payload, self.config, n_way, seed)
+        self.trainer = AdapterTrainer(encoder, payload, self.config, n_way, seed, near_future=near_future)
         self.roles: dict[str, object] = {"adapter_trainer": self.trainer}
         if stores := nsr_stores(self.config):
             self.roles["memory"] = MemoryManager(stores)
@@ -71,6 +73,8 @@ class NSRLearner:
             self._arrive()
         ended = self.flow.end_visit(self.round.task, self.key)
         out: dict[str, object] = {"arrival": self.arrival, "steps": ended["steps"]}
+        if ended["prequential"] is not None:
+            out["prequential"] = ended["prequential"]
         if "evicted" in ended:
             out["evicted"] = ended["evicted"]
         self.arrival = ""
@@ -113,7 +117,8 @@ class NSRLearner:
         out = {"adapter": parameter_bytes(learner.adapters.parameters()),
                "head": parameter_bytes(learner.head.parameters()),
                "bookkeeping": 8 * (len(learner.classes) + len(self.task_classes) * (1 + n_way)),
-               "sample_ids": sum(int(role.learned_ids().nbytes) for role in self.roles.values())}
+               "sample_ids": sum(int(role.learned_ids().nbytes) for role in self.roles.values()),
+               "near_future_models": array_bytes(state_part(self.trainer.state(), "versions"))}
         if "memory" in self.roles:
             bank = self.roles["memory"].stores["bank"]
             out["bank"] = bank.nbytes()

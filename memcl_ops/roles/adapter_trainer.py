@@ -3,7 +3,11 @@
 
 Several trainers can learn as one, data-parallel (`join`): every worker takes the calls that change what is learned
 (REPLICATED), each learning its share of every step's rows with DDP all-reducing the gradients; worker 0 alone
-answers the rest (keys, evaluation, compression, its state stands for the group's)."""
+answers the rest (keys, evaluation, compression, its state stands for the group's).
+
+Test-then-train: worker 0 predicts every training batch with the active capacity as it stands (after the visit's
+arrival decision, which reads no label) before the batch is learned, and with the capacity of `near_future` batches
+back; `end_task` hands the visit's predictions over (memcl_ops/prequential.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
 from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
 from memcl_ops.nsr.task_bank import BankEntry
+from memcl_ops.prequential import PrequentialConfig, prediction_table
+from memcl_ops.tensors import state_part
 
 # the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
 REPLICATED = frozenset({"begin_task", "train"})
@@ -38,11 +44,11 @@ class AdapterTrainer:
     """`threads`: the hosting process's torch threads (None: leave them)."""
 
     def __init__(self, spec: EncoderSpec, payload: str, config: NSRConfig, n_way: int, seed: int,
-                 threads: int | None = None):
-        self.reset(spec, payload, config, n_way, seed, threads)
+                 threads: int | None = None, near_future: int = PrequentialConfig.near_future):
+        self.reset(spec, payload, config, n_way, seed, threads, near_future)
 
     def reset(self, spec: EncoderSpec, payload: str, config: NSRConfig, n_way: int, seed: int,
-              threads: int | None = None) -> None:
+              threads: int | None = None, near_future: int = PrequentialConfig.near_future) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         if getattr(self, "encoder_args", None) != (spec, payload):  # same frozen encoder: keep the loaded weights
@@ -57,6 +63,12 @@ class AdapterTrainer:
         self.compressed: Snapshot | None = None
         self.eval_batches: tuple[pa.RecordBatch, ...] = ()
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
+        self.near_future = near_future
+        self.predictions: list[pa.Table] = []  # the visit's training batches as predicted before they were learned
+        self.position = 0  # training batches predicted so far
+        # earlier capacities, oldest first: (the first batch each predicted, its state)
+        self.versions: list[tuple[int, dict[str, np.ndarray]]] = []
+        self.current_from = 0  # the first batch the active capacity predicted
         self.clock = StageClock()
 
     def join(self, address: str, rank: int, world: int, whole_gpus: bool = False) -> None:
@@ -89,6 +101,7 @@ class AdapterTrainer:
         """Start a visit; with `previous_best` (a returning task) accuracy on `eval_batches` is tracked after the
         arrival decision and after every step until the task is back (or `recovery_max_steps`)."""
         with self.clock.time("begin_task"):
+            self._keep_version()
             self.learner.begin_task(classes, plan)
             self.tracker, self.eval_batches = None, eval_batches
             if previous_best is not None and self.rank == 0:  # worker 0 reports the group's recovery
@@ -102,20 +115,57 @@ class AdapterTrainer:
                 self.tracker.record(self.learner.steps, self.learner.accuracy(self.eval_batches))
 
     def train(self, batch: pa.RecordBatch | None) -> list[float]:
-        """Train on one batch (None: every row was refused at the gate)."""
+        """Predict one batch, then train on it (None: every row was refused at the gate)."""
         if batch is None:
             return []
+        if self.rank == 0:
+            self._predict(batch)
         with self.clock.time("train"):
             losses = self.learner.train_batch(batch, after_step=self._track)
             self.learned.append(np.asarray(batch.column("sample_id").to_numpy()))
             return losses
 
+    def _predict(self, batch: pa.RecordBatch) -> None:
+        """Test-then-train: `batch` as the active capacity and the one of `near_future` batches back predict it;
+        then the capacity is kept for the batches to come, since learning the batch changes it."""
+        with self.clock.time("prequential"):
+            prediction, score = self.learner.scored(batch)
+            old = self._version_for(self.position - self.near_future + 1)
+            if old is None:
+                near = prediction
+            else:
+                with self.learner.as_of(old):
+                    near = self.learner.scored(batch)[0]
+            self.predictions.append(prediction_table(batch, prediction, score, near, self.learner.visits - 1))
+            self.position += 1
+            self._keep_version()
+
+    def _version_for(self, batch: int) -> dict[str, np.ndarray] | None:
+        """The state of the capacity that predicted batch `batch` (None: the active one; before the first kept, the
+        first)."""
+        if batch >= self.current_from or not self.versions:
+            return None
+        return next((v for v in reversed(self.versions) if v[0] <= batch), self.versions[0])[1]
+
+    def _keep_version(self) -> None:
+        """The capacity is about to change: keep it for the near-future predictions still to come (one that
+        predicted no batch is never asked for), and drop those no batch to come will be scored with."""
+        if self.rank == 0 and self.near_future > 1 and self.current_from < self.position:
+            self.versions.append((self.current_from, self.learner.state()))
+            oldest_asked = self.position - self.near_future + 1
+            while len(self.versions) > 1 and self.versions[1][0] <= oldest_asked:
+                self.versions.pop(0)
+        self.current_from = self.position
+
     def end_task(self, compress: bool, *test_batches: pa.RecordBatch) -> dict:
-        """The visit's report: steps, recovery (returning tasks), the live adapter's accuracy on `test_batches`
-        and, with `compress`, the accuracy of its compressed snapshot (kept for `snapshot`)."""
+        """The visit's report: steps, recovery (returning tasks), the live adapter's accuracy on `test_batches`,
+        with `compress` the accuracy of its compressed snapshot (kept for `snapshot`), and the visit's training
+        batches as predicted before they were learned ("prequential", memcl_ops/prequential.py)."""
         with self.clock.time("end_task"):
+            predicted, self.predictions = self.predictions, []
             out = {"steps": self.learner.steps, "recovery": self.tracker.report() if self.tracker else None,
-                   "acc_live": self.learner.accuracy(test_batches), "acc_stored": None}
+                   "acc_live": self.learner.accuracy(test_batches), "acc_stored": None,
+                   "prequential": pa.concat_tables(predicted) if predicted else None}
             self.compressed = self.learner.snapshot() if compress else None
             if self.compressed is not None:
                 out["acc_stored"] = self.learner.accuracy_with(self.compressed, self.learner.classes, test_batches)
@@ -142,22 +192,28 @@ class AdapterTrainer:
         -1 for a head output beyond the task's classes."""
         with self.clock.time("evaluate"):
             if entry is None:
-                logits = self.learner.logits(batch)
-            else:
-                with self.learner.holding(entry):
-                    logits = self.learner.logits(batch)
-            answers = np.array([*classes, *[-1] * self.learner.n_way])
-            return answers[logits.argmax(1).cpu().numpy()]
+                return self.learner.scored(batch, classes)[0]
+            with self.learner.holding(entry):
+                return self.learner.scored(batch, classes)[0]
 
     def learned_ids(self) -> np.ndarray:
         return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {**{f"learner.{k}": v for k, v in self.learner.state().items()}, "learned": self.learned_ids()}
+        out = {**{f"learner.{k}": v for k, v in self.learner.state().items()}, "learned": self.learned_ids(),
+               "versions.position": np.array([self.position, self.current_from], np.int64)}
+        for i, (start, version) in enumerate(self.versions):
+            out[f"versions.{i}.from"] = np.array(start, np.int64)
+            out.update({f"versions.{i}.learner.{k}": v for k, v in version.items()})
+        return out
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.learner.restore({k[8:]: v for k, v in state.items() if k.startswith("learner.")})
+        self.learner.restore(state_part(state, "learner"))
         self.learned = [np.asarray(state["learned"])]
+        self.position, self.current_from = (int(v) for v in state["versions.position"])
+        self.versions = [(int(state[f"versions.{i}.from"]), state_part(state, f"versions.{i}.learner"))
+                         for i in range(sum(1 for k in state if k.startswith("versions.") and k.endswith(".from")))]
+        self.predictions = []
 
     def timings(self) -> dict:
         return self.clock.report()

@@ -49,6 +49,8 @@ def assert_same_run(metrics: dict, reference: dict) -> None:
     assert [e["arrival"] for e in metrics["round_log"]] == [e["arrival"] for e in reference["round_log"]]
     samples = metrics["samples"]  # exactly once: every training sample, no replayed batch counted twice
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
+    # every training row predicted once, before it was learned, by the same models (near-future ones included)
+    assert metrics["prequential"] == reference["prequential"]
 
 
 def test_bank_restores_returning_tasks_exactly_and_reports_its_bytes(actors, tmp_path, bank_run):
@@ -68,6 +70,9 @@ def test_bank_restores_returning_tasks_exactly_and_reports_its_bytes(actors, tmp
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == len(VISITS) * 2 * TRAIN_PER_CLASS
     acc = np.array(metrics["acc_matrix"], dtype=float)
     assert acc.shape == (6, 3) and not np.isnan(acc[2:]).any()
+    # test-then-train: every training row predicted once, each task's rows counted under it
+    prequential = metrics["prequential"]
+    assert prequential["rows"] == samples["stream"] and sorted(prequential["per_task"]) == ["0", "1", "2"]
 
     # resume: drop the last checkpoint and the results; the run continues from visit 5 to the same matrix
     copy = tmp_path / "resumed"

@@ -174,6 +174,9 @@ def test_nsr_in_process_and_actor_pipeline_compute_the_same_run(actors, one_torc
     result = runner.run(config, actors=actors)
     np.testing.assert_array_equal(np.array(result.metrics["acc_matrix"], dtype=float), run.matrix)
     assert result.samples.learned == len(learner.trainer.learned_ids()) == 7 * 6
+    # test-then-train: every training row predicted before it was learned, alike in both
+    assert result.metrics["prequential"] == run.prequential(config.runtime.prequential)
+    assert result.metrics["prequential"]["rows"] == 7 * 6
     parts, _ = checkpoint.read(sorted(result.run_dir.glob("checkpoints/*.npz"))[-1])
     # the adapter trained bit for bit alike; the bank holds the same keys and compressed adapters (its entries'
     # metadata differ: the pipeline scores each stored adapter on the task's test rows, a learner has none)
