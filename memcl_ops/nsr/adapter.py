@@ -274,20 +274,28 @@ class AdapterLearner:
             raise ValueError(f"labels {bad[:5]} are not classes of the task {list(classes)}")
         return torch.tensor([lookup[int(c)] for c in y], dtype=torch.long)
 
-    def train_batch(self, batch: pa.RecordBatch, after_step: Callable[[], None] | None = None) -> list[float]:
-        """One optimizer step per `batch_size` rows of `batch`; `after_step` runs after each step."""
+    def train_batch(self, batch: pa.RecordBatch, after_step: Callable[[], None] | None = None,
+                    before_step: Callable[[pa.RecordBatch, torch.Tensor], None] | None = None) -> list[float]:
+        """One optimizer step per `batch_size` rows of `batch`; `after_step` runs after each step; `before_step`
+        gets each step's rows and their logits as the step's forward computed them, before it learns them (not
+        data-parallel: a worker's forward sees only its share)."""
         if self.optimizer is None:
             raise RuntimeError("begin_task must come before training")
+        if before_step is not None and self.parallel is not None:
+            raise ValueError("a data-parallel worker's forward holds only its share of a step's rows")
         losses = []
         size = self.config.batch_size
         for start in range(0, batch.num_rows, size):
-            losses.append(self._step(batch.slice(start, size)))
+            losses.append(self._step(batch.slice(start, size), before_step))
             if after_step is not None:
                 after_step()
         return losses
 
-    def _step(self, batch: pa.RecordBatch) -> float:
-        loss = self.loss(batch)
+    def _step(self, batch: pa.RecordBatch, before_step: Callable[[pa.RecordBatch, torch.Tensor], None] | None
+              ) -> float:
+        loss, logits = self.loss(batch)
+        if before_step is not None:
+            before_step(batch, logits.detach())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -298,9 +306,9 @@ class AdapterLearner:
         dist.all_reduce(total)
         return float(total) / self.parallel.world
 
-    def loss(self, batch: pa.RecordBatch) -> torch.Tensor:
+    def loss(self, batch: pa.RecordBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """One step's loss on `batch`: its mean over the rows, or, data-parallel, this worker's rows weighed so that
-        the workers' average is that mean."""
+        the workers' average is that mean; and the logits of the rows the loss read."""
         weight = None
         if self.parallel is not None:
             batch, weight = self.parallel.shard(batch)
@@ -319,7 +327,7 @@ class AdapterLearner:
             heads = self.teacher[1]
             loss = loss + self.config.kd_weight * torch.stack([kd_loss(g(h), g(teacher), t, rows)
                                                                for g in heads]).mean()
-        return loss
+        return loss, logits
 
     @torch.no_grad()
     def _teacher_features(self, batch: pa.RecordBatch) -> torch.Tensor:
@@ -364,7 +372,11 @@ class AdapterLearner:
     def scored(self, batch: pa.RecordBatch, classes: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(the global class, the head's score of it) of every row, by the active capacity, its head's output j
         standing for `classes[j]` (default: the active task's); -1 for an output beyond them."""
-        best, position = self.logits(batch).max(dim=1)
+        return self.answers(self.logits(batch), classes)
+
+    def answers(self, logits: torch.Tensor, classes: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`scored` of rows whose logits are known."""
+        best, position = logits.max(dim=1)
         answers = np.array([*(self.classes if classes is None else classes), *[-1] * self.n_way])
         return answers[position.cpu().numpy()], best.float().cpu().numpy()
 

@@ -6,8 +6,9 @@ Several trainers can learn as one, data-parallel (`join`): every worker takes th
 answers the rest (keys, evaluation, compression, its state stands for the group's).
 
 Test-then-train: worker 0 predicts every training batch with the active capacity as it stands (after the visit's
-arrival decision, which reads no label) before the batch is learned, and with the capacity of `near_future` batches
-back; `end_task` hands the visit's predictions over (memcl_ops/prequential.py)."""
+arrival decision, which reads no label) before the batch is learned (alone: in each training step's own forward),
+and with the capacity of `near_future` batches back; `end_task` hands the visit's predictions over
+(memcl_ops/prequential.py)."""
 
 from __future__ import annotations
 
@@ -118,27 +119,34 @@ class AdapterTrainer:
         """Predict one batch, then train on it (None: every row was refused at the gate)."""
         if batch is None:
             return []
-        if self.rank == 0:
-            self._predict(batch)
+        # Worker 0 predicts. Alone, each training step's forward predicts the step's rows before the step learns
+        # them; a data-parallel worker's forward sees only its share, so there the batch is predicted whole first.
+        predicts, alone = self.rank == 0, self.learner.parallel is None
+        near = self._near_future(batch) if predicts else None
+        now = self.learner.scored(batch) if predicts and not alone else None
+        version = self.learner.visits - 1
+        self.position += 1
+        self._keep_version()  # learning the batch changes the capacity: keep it for the batches to come
+        steps: list[tuple[np.ndarray, np.ndarray]] = []
         with self.clock.time("train"):
-            losses = self.learner.train_batch(batch, after_step=self._track)
+            losses = self.learner.train_batch(
+                batch, after_step=self._track,
+                before_step=(lambda _, logits: steps.append(self.learner.answers(logits))) if predicts and alone
+                else None)
             self.learned.append(np.asarray(batch.column("sample_id").to_numpy()))
-            return losses
+        if predicts:
+            prediction, score = now if now is not None else (np.concatenate(part) for part in zip(*steps, strict=True))
+            self.predictions.append(prediction_table(batch, prediction, score, prediction if near is None else near,
+                                                     version))
+        return losses
 
-    def _predict(self, batch: pa.RecordBatch) -> None:
-        """Test-then-train: `batch` as the active capacity and the one of `near_future` batches back predict it;
-        then the capacity is kept for the batches to come, since learning the batch changes it."""
-        with self.clock.time("prequential"):
-            prediction, score = self.learner.scored(batch)
-            old = self._version_for(self.position - self.near_future + 1)
-            if old is None:
-                near = prediction
-            else:
-                with self.learner.as_of(old):
-                    near = self.learner.scored(batch)[0]
-            self.predictions.append(prediction_table(batch, prediction, score, near, self.learner.visits - 1))
-            self.position += 1
-            self._keep_version()
+    def _near_future(self, batch: pa.RecordBatch) -> np.ndarray | None:
+        """`batch` as the capacity of `near_future` batches back predicts it (None: that is the active one)."""
+        old = self._version_for(self.position - self.near_future + 1)
+        if old is None:
+            return None
+        with self.clock.time("prequential"), self.learner.as_of(old):
+            return self.learner.scored(batch)[0]
 
     def _version_for(self, batch: int) -> dict[str, np.ndarray] | None:
         """The state of the capacity that predicted batch `batch` (None: the active one; before the first kept, the
