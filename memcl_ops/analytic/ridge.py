@@ -75,8 +75,9 @@ class AnalyticConfig:
     # what the candidates are scored by on those samples: "accuracy" (error rate, ties broken by the squared error)
     # or "mse" (the squared error of the one-hot targets, PRESS under "loo") [R]
     lambda_criterion: Literal["accuracy", "mse"] = "accuracy"
-    # samples the λ criterion is computed on: a seeded subsample of the current task, or the reservoir's size [R]
-    selection_samples: int = 512
+    # samples the λ criterion is computed on: a seeded subsample of the current task, or the reservoir's size; the
+    # candidates' leave-one-out accuracies lie within a few samples of each other, so fewer makes the choice a draw [R]
+    selection_samples: int = 2048
     # α candidates of the nearest-mean blend, scored with λ on the same samples: the head's score of class c is
     # φᵀW_c + α·cos(φ, m_c), m_c the class mean of φ read off the statistics (C_c / n_c); 0 is the plain ridge head,
     # a large α the nearest-mean classifier (SimpleCIL in φ space); not with "gcv" or the "mse" criterion [R]
