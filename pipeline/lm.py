@@ -39,7 +39,7 @@ import ray
 from memcl.actors.lm_encoder import LMEncoder
 from memcl.actors.lm_trainer import LMTrainer
 from memcl.actors.memory_manager import MemoryManager
-from memcl.pipeline import checkpoint, report
+from memcl.pipeline import checkpoint, preflight, report
 from memcl.pipeline.actor_cache import FAULTS, ActorCache, failed_to_start
 from memcl.pipeline.config import ConfigError, Placement, RuntimeConfig, dump_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
@@ -91,13 +91,17 @@ class RunSpec:
 
 def check_config(config: LMRunConfig) -> tuple[list[RunSpec], list[TextTask]]:
     """The (method, budget) runs of `config` and its task stream, or ConfigError (one line) for what would fail
-    after Ray starts: a method or budget, the model (its name, and the package or folder it loads from), a task."""
+    after Ray starts: a method or budget, the model (its name, and the package or folder it loads from), a task, more
+    GPUs reserved than this machine has (when Ray starts here)."""
     try:
         specs = run_specs(config)
         check_lm(config.model)
-        return specs, build_stream(config.stream)
+        tasks = build_stream(config.stream)
     except (ValueError, LMUnavailable) as err:
         raise ConfigError(str(err)) from err
+    if not preflight.joins_a_cluster(config.runtime):  # Ray will start here, with this machine's GPUs
+        preflight.check_gpus(preflight.lm_reserved_gpus(config.runtime), preflight.local_gpus(), "this machine has")
+    return specs, tasks
 
 
 def run_specs(config: LMRunConfig) -> list[RunSpec]:
@@ -334,6 +338,7 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
         started = time.perf_counter()
         ensure_ray(config)
         rt = config.runtime
+        preflight.check_gpus(preflight.lm_reserved_gpus(rt), ray.cluster_resources().get("GPU", 0), "the cluster has")
         bars = Progress(enabled=rt.progress if progress is None else progress)
         run_dir = run_dir or new_run_dir(rt.out, f"lm-{config.model.name}-s{config.seed}")
         run_dir.mkdir(parents=True, exist_ok=True)

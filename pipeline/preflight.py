@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
-from memcl.pipeline.config import ConfigError, RunConfig
+from memcl.pipeline.config import ConfigError, RunConfig, RuntimeConfig
 from memcl_ops.data.datasets import DATASETS, DatasetUnavailable
 from memcl_ops.data.sources import check_source
 from memcl_ops.data.streams import task_classes
@@ -55,14 +57,27 @@ def check_run(config: RunConfig) -> MethodSpec:
                           "stream with task boundaries; a task-free run evaluates every runtime.evaluate_every rounds")
     if spec.family == "nsr":
         _check_nsr(spec, config)
-    if not (config.runtime.address or os.environ.get("RAY_ADDRESS")):  # Ray will start here, with this machine's GPUs
-        check_gpus(config, spec, local_gpus(), "this machine has")
+    if not joins_a_cluster(config.runtime):  # Ray will start here, with this machine's GPUs
+        check_gpus(reserved_gpus(config, spec), local_gpus(), "this machine has")
     return spec
 
 
-# the roles whose actors a run of each family starts (the encoder pool apart; memcl lm checks its own)
+# the roles whose actors a run of each family starts (the encoder pool apart)
 FAMILY_ROLES = {"features": ("source", "memory", "monitor", "stage1", "stage2"),
-                "nsr": ("source", "adapter_trainer", "memory")}
+                "nsr": ("source", "adapter_trainer", "memory"),
+                "lm": ("lm_encoder", "lm_trainer", "memory")}
+
+
+def placed_gpus(rt: RuntimeConfig, family: str, copies: Mapping[str, int] = MappingProxyType({}),
+                defaults: Mapping[str, float] = MappingProxyType({})) -> dict[str, tuple[float, int]]:
+    """Per role of `family` that reserves GPUs, (GPUs per actor, actors): its placement's, else its default's."""
+    out = {}
+    for role in FAMILY_ROLES[family]:
+        own = rt.placement[role].num_gpus if role in rt.placement else None
+        own = defaults.get(role) if own is None else own
+        if own:
+            out[role] = (own, copies.get(role, 1))
+    return out
 
 
 def reserved_gpus(config: RunConfig, spec: MethodSpec) -> dict[str, tuple[float, int]]:
@@ -70,28 +85,33 @@ def reserved_gpus(config: RunConfig, spec: MethodSpec) -> dict[str, tuple[float,
     never more): per role, (GPUs per actor, actors)."""
     rt, enc = config.runtime, config.encoder
     explicit = enc.num_gpus if enc.num_gpus != "auto" else 0.0
-    out = {}
-    for role in FAMILY_ROLES.get(spec.family, ()):
-        own = rt.placement[role].num_gpus if role in rt.placement else None
-        if own is None and role == "adapter_trainer":  # by default NSR's workers reserve what an encoder replica would
-            own = explicit
-        if own:
-            out[role] = (own, rt.data_parallel if role == "adapter_trainer" else 1)
+    # by default NSR's workers reserve what an encoder replica would
+    out = placed_gpus(rt, spec.family, {"adapter_trainer": rt.data_parallel}, {"adapter_trainer": explicit})
     if spec.family == "features" and explicit:
         out["encoder"] = (explicit, enc.replicas)
     return out
 
 
-def check_gpus(config: RunConfig, spec: MethodSpec, available: float, where: str) -> None:
-    """ConfigError when the run's actors reserve more GPUs than `available`: Ray would wait for them forever."""
-    asked = reserved_gpus(config, spec)
+def lm_reserved_gpus(rt: RuntimeConfig) -> dict[str, tuple[float, int]]:
+    """`reserved_gpus` of a `memcl lm` run: its LM replicas, LoRA trainer and memory manager."""
+    return placed_gpus(rt, "lm", {"lm_encoder": rt.lm_replicas})
+
+
+def check_gpus(asked: dict[str, tuple[float, int]], available: float, where: str) -> None:
+    """ConfigError when the run's actors reserve (`asked`, per role) more GPUs than `available`: Ray would wait for
+    them forever."""
     total = sum(gpus * copies for gpus, copies in asked.values())
     if total > available:
         detail = ", ".join(f"{role} {gpus:g}" + (f" x {copies} actors" if copies > 1 else "")
                            for role, (gpus, copies) in asked.items())
         raise ConfigError(f"runtime.placement: the run's actors reserve {total:g} GPUs ({detail}) and {where} "
-                          f"{available:g}; lower runtime.data_parallel, encoder.replicas or the placements' num_gpus, "
-                          "or join a cluster that has them (runtime.address)")
+                          f"{available:g}; lower runtime.data_parallel, runtime.lm_replicas, encoder.replicas or the "
+                          "placements' num_gpus, or join a cluster that has them (runtime.address)")
+
+
+def joins_a_cluster(rt: RuntimeConfig) -> bool:
+    """Whether Ray will be joined rather than started here (then only the cluster can say what GPUs it has)."""
+    return bool(rt.address or os.environ.get("RAY_ADDRESS"))
 
 
 def local_gpus() -> int:

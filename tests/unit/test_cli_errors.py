@@ -64,6 +64,8 @@ CASES = {  # argv -> words the one line must contain
                                                             "runtime.data_parallel"],
     "run --set encoder.num_gpus=1 --set encoder.replicas=64": ["runtime.placement", "64 GPUs", "encoder 1 x 64"],
     "lm --set runtime.lm_replicas=0": ["runtime.lm_replicas", "1 or more"],
+    "lm --set model.name=tiny:llama --set runtime.lm_replicas=64 --set runtime.placement.lm_encoder.num_gpus=1": [
+        "runtime.placement", "64 GPUs", "lm_encoder 1 x 64", "runtime.lm_replicas"],
     "run --set stream.realtime.mode=simulated --set runtime.transport=compiled": [
         "stream.realtime", "runtime.transport=actors"],
     "run --set stream.realtime.mode=later": ["stream.realtime.mode", "'later'", "simulated"],

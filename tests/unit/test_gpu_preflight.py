@@ -4,7 +4,7 @@
 import pytest
 
 from memcl.pipeline import preflight
-from memcl.pipeline.config import ConfigError, load_config
+from memcl.pipeline.config import ConfigError, Placement, RuntimeConfig, load_config
 from memcl_ops.methods import METHODS
 
 NSR = "pipeline/configs/nsr-bbc-cyclic.yaml"
@@ -28,7 +28,15 @@ def test_workers_and_replicas_count_each_copy_and_auto_reserves_nothing():
 
 def test_a_cluster_with_fewer_gpus_than_the_actors_reserve_is_refused_in_one_line():
     config = load_config(NSR, {"runtime.data_parallel": 2, "runtime.placement": {"adapter_trainer": {"num_gpus": 1}}})
-    spec = METHODS[config.method.name]
-    preflight.check_gpus(config, spec, 2, "the cluster has")  # two GPUs: both workers fit
+    preflight.check_gpus(reserved(config), 2, "the cluster has")  # two GPUs: both workers fit
     with pytest.raises(ConfigError, match=r"reserve 2 GPUs \(adapter_trainer 1 x 2 actors\) and the cluster has 1"):
-        preflight.check_gpus(config, spec, 1, "the cluster has")
+        preflight.check_gpus(reserved(config), 1, "the cluster has")
+
+
+def test_an_lm_run_counts_each_lm_replica_and_its_trainer():
+    rt = RuntimeConfig(lm_replicas=3, placement={"lm_encoder": Placement(num_gpus=0.5),
+                                                 "lm_trainer": Placement(num_gpus=1), "stage1": Placement(num_gpus=1)})
+    assert preflight.lm_reserved_gpus(rt) == {"lm_encoder": (0.5, 3), "lm_trainer": (1, 1)}  # stage1: not an LM role
+    assert preflight.lm_reserved_gpus(RuntimeConfig()) == {}  # by default an LM run reserves no GPU
+    with pytest.raises(ConfigError, match=r"reserve 2.5 GPUs \(lm_encoder 0.5 x 3 actors, lm_trainer 1\)"):
+        preflight.check_gpus(preflight.lm_reserved_gpus(rt), 2, "the cluster has")
