@@ -100,8 +100,14 @@ def check_config(config: LMRunConfig) -> tuple[list[RunSpec], list[TextTask]]:
     except (ValueError, LMUnavailable) as err:
         raise ConfigError(str(err)) from err
     if not preflight.joins_a_cluster(config.runtime):  # Ray will start here, with this machine's GPUs
-        preflight.check_gpus(preflight.lm_reserved_gpus(config.runtime), preflight.local_gpus(), "this machine has")
+        preflight.check_gpus(reserved_gpus(config, specs), preflight.local_gpus(), "this machine has",
+                             preflight.LM_COPIES)
     return specs, tasks
+
+
+def reserved_gpus(config: LMRunConfig, specs: list[RunSpec]) -> dict[str, tuple[float, int]]:
+    """The GPUs the actors of `specs`' runs reserve, per role (preflight.lm_reserved_gpus)."""
+    return preflight.lm_reserved_gpus(config.runtime, set().union(*(lm_method(s.method).tags for s in specs)))
 
 
 def run_specs(config: LMRunConfig) -> list[RunSpec]:
@@ -338,7 +344,8 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
         started = time.perf_counter()
         ensure_ray(config)
         rt = config.runtime
-        preflight.check_gpus(preflight.lm_reserved_gpus(rt), ray.cluster_resources().get("GPU", 0), "the cluster has")
+        preflight.check_gpus(reserved_gpus(config, specs), ray.cluster_resources().get("GPU", 0), "the cluster has",
+                             preflight.LM_COPIES)
         bars = Progress(enabled=rt.progress if progress is None else progress)
         run_dir = run_dir or new_run_dir(rt.out, f"lm-{config.model.name}-s{config.seed}")
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ def check_run(config: RunConfig) -> MethodSpec:
     if spec.family == "nsr":
         _check_nsr(spec, config)
     if not joins_a_cluster(config.runtime):  # Ray will start here, with this machine's GPUs
-        check_gpus(reserved_gpus(config, spec), local_gpus(), "this machine has")
+        check_gpus(reserved_gpus(config, spec), local_gpus(), "this machine has", RUN_COPIES)
     return spec
 
 
@@ -92,21 +92,31 @@ def reserved_gpus(config: RunConfig, spec: MethodSpec) -> dict[str, tuple[float,
     return out
 
 
-def lm_reserved_gpus(rt: RuntimeConfig) -> dict[str, tuple[float, int]]:
-    """`reserved_gpus` of a `memcl lm` run: its LM replicas, LoRA trainer and memory manager."""
-    return placed_gpus(rt, "lm", {"lm_encoder": rt.lm_replicas})
+def lm_reserved_gpus(rt: RuntimeConfig, tags: set[str]) -> dict[str, tuple[float, int]]:
+    """`reserved_gpus` of a `memcl lm` run whose methods carry `tags` (all of them together): its LM replicas, and
+    the LoRA trainer and the memory manager where a method starts them."""
+    asked = placed_gpus(rt, "lm", {"lm_encoder": rt.lm_replicas})
+    if "trains-backbone" not in tags:
+        asked.pop("lm_trainer", None)
+    if not tags & {"direction-memory", "demonstrations"}:
+        asked.pop("memory", None)
+    return asked
 
 
-def check_gpus(asked: dict[str, tuple[float, int]], available: float, where: str) -> None:
+def check_gpus(asked: dict[str, tuple[float, int]], available: float, where: str, knobs: str) -> None:
     """ConfigError when the run's actors reserve (`asked`, per role) more GPUs than `available`: Ray would wait for
-    them forever."""
+    them forever. `knobs`: the settings that set how many actors a role starts."""
     total = sum(gpus * copies for gpus, copies in asked.values())
     if total > available:
         detail = ", ".join(f"{role} {gpus:g}" + (f" x {copies} actors" if copies > 1 else "")
                            for role, (gpus, copies) in asked.items())
         raise ConfigError(f"runtime.placement: the run's actors reserve {total:g} GPUs ({detail}) and {where} "
-                          f"{available:g}; lower runtime.data_parallel, runtime.lm_replicas, encoder.replicas or the "
-                          "placements' num_gpus, or join a cluster that has them (runtime.address)")
+                          f"{available:g}; lower {knobs} or the placements' num_gpus, or join a cluster that has "
+                          "them (runtime.address)")
+
+
+RUN_COPIES = "runtime.data_parallel, encoder.replicas"  # what `check_gpus` suggests to `memcl run`
+LM_COPIES = "runtime.lm_replicas"  # and to `memcl lm`
 
 
 def joins_a_cluster(rt: RuntimeConfig) -> bool:

@@ -54,7 +54,7 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
         started = time.perf_counter()
         ensure_ray(config)
         preflight.check_gpus(preflight.reserved_gpus(config, spec), ray.cluster_resources().get("GPU", 0),
-                             "the cluster has")
+                             "the cluster has", preflight.RUN_COPIES)
         source = stream_source(config, actors)
         info: StreamInfo = ray.get(source.describe.remote())
         warn_unnamed_labels(info)

@@ -275,14 +275,12 @@ class AdapterLearner:
         return torch.tensor([lookup[int(c)] for c in y], dtype=torch.long)
 
     def train_batch(self, batch: pa.RecordBatch, after_step: Callable[[], None] | None = None,
-                    before_step: Callable[[pa.RecordBatch, torch.Tensor], None] | None = None) -> list[float]:
+                    before_step: Callable[[pa.RecordBatch, torch.Tensor | None], None] | None = None) -> list[float]:
         """One optimizer step per `batch_size` rows of `batch`; `after_step` runs after each step; `before_step`
-        gets each step's rows and their logits as the step's forward computed them, before it learns them (not
-        data-parallel: a worker's forward sees only its share)."""
+        gets each step's rows and their logits as the step's forward computed them, before the step learns them
+        (None for a data-parallel worker, whose forward holds only its share of the rows)."""
         if self.optimizer is None:
             raise RuntimeError("begin_task must come before training")
-        if before_step is not None and self.parallel is not None:
-            raise ValueError("a data-parallel worker's forward holds only its share of a step's rows")
         losses = []
         size = self.config.batch_size
         for start in range(0, batch.num_rows, size):
@@ -291,11 +289,11 @@ class AdapterLearner:
                 after_step()
         return losses
 
-    def _step(self, batch: pa.RecordBatch, before_step: Callable[[pa.RecordBatch, torch.Tensor], None] | None
-              ) -> float:
+    def _step(self, batch: pa.RecordBatch,
+              before_step: Callable[[pa.RecordBatch, torch.Tensor | None], None] | None) -> float:
         loss, logits = self.loss(batch)
         if before_step is not None:
-            before_step(batch, logits.detach())
+            before_step(batch, logits.detach() if self.parallel is None else None)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()

@@ -72,9 +72,8 @@ class NSRLearner:
         if not self.arrival:
             self._arrive()
         ended = self.flow.end_visit(self.round.task, self.key)
-        out: dict[str, object] = {"arrival": self.arrival, "steps": ended["steps"]}
-        if ended["prequential"] is not None:
-            out["prequential"] = ended["prequential"]
+        out: dict[str, object] = {"arrival": self.arrival, "steps": ended["steps"],
+                                  "prequential": ended["prequential"]}
         if "evicted" in ended:
             out["evicted"] = ended["evicted"]
         self.arrival = ""

@@ -6,8 +6,9 @@ Several trainers can learn as one, data-parallel (`join`): every worker takes th
 answers the rest (keys, evaluation, compression, its state stands for the group's).
 
 Test-then-train: worker 0 predicts every training batch with the active capacity as it stands (after the visit's
-arrival decision, which reads no label) before the batch is learned (alone: in each training step's own forward),
-and with the capacity of `near_future` batches back; `end_task` hands the visit's predictions over
+arrival decision, which reads no label) before the batch is learned: each optimizer step's rows before that step
+learns them, from the step's own forward (a data-parallel worker 0, whose forward holds only its share, in one of
+their own); and with the capacity of `near_future` batches back. `end_task` hands the visit's predictions over
 (memcl_ops/prequential.py)."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
 from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
 from memcl_ops.nsr.task_bank import BankEntry
-from memcl_ops.prequential import PrequentialConfig, prediction_table
+from memcl_ops.prequential import PREDICTIONS, PrequentialConfig, prediction_table
 from memcl_ops.tensors import state_part
 
 # the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
@@ -102,7 +103,6 @@ class AdapterTrainer:
         """Start a visit; with `previous_best` (a returning task) accuracy on `eval_batches` is tracked after the
         arrival decision and after every step until the task is back (or `recovery_max_steps`)."""
         with self.clock.time("begin_task"):
-            self._keep_version()
             self.learner.begin_task(classes, plan)
             self.tracker, self.eval_batches = None, eval_batches
             if previous_best is not None and self.rank == 0:  # worker 0 reports the group's recovery
@@ -119,23 +119,23 @@ class AdapterTrainer:
         """Predict one batch, then train on it (None: every row was refused at the gate)."""
         if batch is None:
             return []
-        # Worker 0 predicts. Alone, each training step's forward predicts the step's rows before the step learns
-        # them; a data-parallel worker's forward sees only its share, so there the batch is predicted whole first.
-        predicts, alone = self.rank == 0, self.learner.parallel is None
+        predicts = self.rank == 0  # worker 0 predicts for a data-parallel group
         near = self._near_future(batch) if predicts else None
-        now = self.learner.scored(batch) if predicts and not alone else None
         version = self.learner.visits - 1
         self.position += 1
         self._keep_version()  # learning the batch changes the capacity: keep it for the batches to come
         steps: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def predict(rows: pa.RecordBatch, logits: torch.Tensor | None) -> None:
+            """A step's rows, before it learns them: from its own forward, or (a data-parallel worker's forward
+            holds only its share) from one of their own."""
+            steps.append(self.learner.scored(rows) if logits is None else self.learner.answers(logits))
+
         with self.clock.time("train"):
-            losses = self.learner.train_batch(
-                batch, after_step=self._track,
-                before_step=(lambda _, logits: steps.append(self.learner.answers(logits))) if predicts and alone
-                else None)
+            losses = self.learner.train_batch(batch, after_step=self._track, before_step=predict if predicts else None)
             self.learned.append(np.asarray(batch.column("sample_id").to_numpy()))
         if predicts:
-            prediction, score = now if now is not None else (np.concatenate(part) for part in zip(*steps, strict=True))
+            prediction, score = (np.concatenate(part) for part in zip(*steps, strict=True))
             self.predictions.append(prediction_table(batch, prediction, score, prediction if near is None else near,
                                                      version))
         return losses
@@ -173,7 +173,7 @@ class AdapterTrainer:
             predicted, self.predictions = self.predictions, []
             out = {"steps": self.learner.steps, "recovery": self.tracker.report() if self.tracker else None,
                    "acc_live": self.learner.accuracy(test_batches), "acc_stored": None,
-                   "prequential": pa.concat_tables(predicted) if predicted else None}
+                   "prequential": pa.concat_tables(predicted) if predicted else PREDICTIONS.empty_table()}
             self.compressed = self.learner.snapshot() if compress else None
             if self.compressed is not None:
                 out["acc_stored"] = self.learner.accuracy_with(self.compressed, self.learner.classes, test_batches)

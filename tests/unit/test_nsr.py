@@ -218,3 +218,23 @@ def test_every_training_batch_is_predicted_before_it_is_learned_and_as_of_k_batc
     assert table.column("model_version").to_pylist() == [0] * sum(rows[:3]) + [1] * sum(rows[3:])
     # the predictions moved as the capacity learned: the test above compares what a stale model would not give
     assert any((near[t] != expected[t][0]).any() for t in range(1, len(rows)))
+
+
+def test_a_batch_of_several_steps_is_predicted_step_by_step_as_the_same_rows_in_batches_of_one_step(bbc):
+    """Each optimizer step's rows are predicted before that step learns them: a batch of two steps gives the
+    predictions (and the weights) of its two halves streamed as batches of one step each."""
+    spec = EncoderSpec(name="minilm", max_length=24)
+    rows = batch(bbc, 0, 16, offset=4)
+    whole, halves = (AdapterTrainer(spec, "text", CONFIG, n_way=2, seed=0, threads=1) for _ in range(2))
+    for trainer, batches in ((whole, [rows]), (halves, [rows.slice(0, 8), rows.slice(8)])):
+        trainer.begin_task(TASKS[0], ArrivalPlan("fresh"), None)
+        for b in batches:
+            trainer.train(b)
+    one, two = (t.end_task(False)["prequential"] for t in (whole, halves))
+    assert one.column("prediction").to_pylist() == two.column("prediction").to_pylist()
+    np.testing.assert_allclose(one.column("score").to_numpy(), two.column("score").to_numpy(), rtol=1e-5)
+    assert whole.learner.steps == halves.learner.steps == 2
+    # the second step's rows were predicted after the first step had learned: not what the start of the batch gave
+    fresh = AdapterTrainer(spec, "text", CONFIG, n_way=2, seed=0, threads=1)
+    fresh.begin_task(TASKS[0], ArrivalPlan("fresh"), None)
+    assert not np.allclose(fresh.learner.scored(rows.slice(8))[1], one.column("score").to_numpy()[8:])
