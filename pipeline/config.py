@@ -108,7 +108,8 @@ class RuntimeConfig:
     # per role (ROLES), what its actor reserves; a role not named keeps its default: nothing reserved for the
     # learner actors (they mostly wait on the encoders), a CPU for the LM's actor, the encoders' share for NSR's trainer
     placement: dict[str, Placement] = field(default_factory=dict)
-    # workers of NSR's adapter trainer, learning as one (PyTorch DDP: each takes its share of every step's rows)
+    # workers of NSR's adapter trainer (`memcl run`) and of the LoRA trainer (`memcl lm`), learning as one (PyTorch
+    # DDP: each takes its share of every step's rows)
     data_parallel: int = 1
     # copies of the frozen LM in `memcl lm`, extracting and answering side by side (placed as lm_encoder)
     lm_replicas: int = 1

@@ -47,6 +47,7 @@ from memcl.pipeline.executors import ActorCalls, ReplicaPool
 from memcl.pipeline.loop import PhaseHook, discard_unstarted, new_run_dir, stream
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
+from memcl.pipeline.trainer_group import TrainerGroup
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream, task_batches
@@ -55,6 +56,7 @@ from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.methods import family_methods, lm_method
 from memcl_ops.models.causal_lm import LMSpec, LMUnavailable, check_lm
 from memcl_ops.roles.lm import LMFlow
+from memcl_ops.roles.lm_trainer import REPLICATED as TRAINER_REPLICATED
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds
 
 log = logging.getLogger("memcl")
@@ -99,6 +101,12 @@ def check_config(config: LMRunConfig) -> tuple[list[RunSpec], list[TextTask]]:
         tasks = build_stream(config.stream)
     except (ValueError, LMUnavailable) as err:
         raise ConfigError(str(err)) from err
+    trainers = [s.method for s in specs if "trains-backbone" in lm_method(s.method).tags]
+    if config.runtime.data_parallel > 1 and not trainers:
+        raise ConfigError("runtime.data_parallel: none of the methods " + ", ".join(config.methods) + " has a trainer "
+                          "that learns data-parallel (the LoRA trainer does: "
+                          + ", ".join(m for m in family_methods("lm") if "trains-backbone" in lm_method(m).tags)
+                          + "); leave it at 1")
     if not preflight.joins_a_cluster(config.runtime):  # Ray will start here, with this machine's GPUs
         preflight.check_gpus(reserved_gpus(config, specs), preflight.local_gpus(), "this machine has",
                              preflight.LM_COPIES)
@@ -177,14 +185,20 @@ class LMPipeline:
         if stores:
             ctx.actors.get("memory", MemoryManager, rt.actor_options("memory"), stores, 1)
             names.append("memory")
-        if probe.trains:
-            ctx.actors.get("lm_trainer", LMTrainer, rt.actor_options("lm_trainer"), cfg.model, self.method.finetune,
-                           cfg.seed, rt.actor_threads)
-            names.append("lm_trainer")
-        self.roles = Roles(ctx.actors, names)
-        self.flow = LMFlow(ActorCalls(lambda role: ctx.pool if role == "lm_encoder" else self.roles.handle(role)),
-                           method, self.method, spec.budget)
+        self.trainers = None
+        if probe.trains:  # runtime.data_parallel workers learning as one
+            self.trainers = TrainerGroup(ctx.actors, "lm_trainer", rt.data_parallel, LMTrainer,
+                                         rt.actor_options("lm_trainer"), cfg.model, self.method.finetune, cfg.seed,
+                                         rt.actor_threads, replicated=TRAINER_REPLICATED)
+            names += self.trainers.workers
+        self.roles = Roles(ctx.actors, names, copies=self.trainers.copies if self.trainers else None)
+        self.flow = LMFlow(ActorCalls(self._handle), method, self.method, spec.budget)
         self.task_free = False  # one round per task
+
+    def _handle(self, role: str):
+        if role == "lm_encoder":
+            return self.ctx.pool
+        return self.trainers.handle() if role == "lm_trainer" and self.trainers else self.roles.handle(role)
 
     def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, task_free=False, every=0)
@@ -196,7 +210,9 @@ class LMPipeline:
             trained = flow.learn_task(ctx.train[task])
             if on_batch is not None:
                 on_batch(task, 0)
-            return {"epoch_losses": ray.get(trained)}
+            losses = ray.get(trained)
+            self.trainers.drain()
+            return {"epoch_losses": losses}
         if not (flow.prototypes or flow.demonstrations):
             return {}
         in_flight = InFlight(ctx.config.runtime.max_in_flight,
@@ -262,7 +278,11 @@ class LMPipeline:
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.ctx.forget_calls()
+        if self.trainers:
+            self.trainers.break_up()
         self.roles.revive()
+        if self.trainers:
+            self.trainers.join()
         self.roles.restore(parts)
 
     def memory_report(self) -> dict[str, int]:

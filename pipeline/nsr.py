@@ -28,9 +28,10 @@ from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import ConfigError, Placement, RunConfig
-from memcl.pipeline.executors import ActorCalls, WorkerGroup
+from memcl.pipeline.executors import ActorCalls
 from memcl.pipeline.progress import InFlight, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
+from memcl.pipeline.trainer_group import TrainerGroup
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
 from memcl_ops.nsr.adapter import probe_full
@@ -53,35 +54,22 @@ class NSRPipeline:
                               f"or more; {info.name} gives tasks of {[len(c) for c in info.task_classes]} classes")
         # the adapter trains inside the encoder: by default each worker reserves what an encoder replica would
         options = rt.actor_options("adapter_trainer", Placement(enc.num_cpus, gpus, dict(enc.resources)))
-        self.whole_gpus = options["num_gpus"] >= 1  # each worker a GPU of its own: NCCL can all-reduce
-        self.workers = [f"adapter_trainer{'' if r == 0 else r}" for r in range(rt.data_parallel)]
-        actors.keep_only("adapter_trainer", self.workers)
-        for worker in self.workers:
-            actors.get(worker, AdapterTrainer, options, enc.spec, info.payload, self.nsr, n_way, config.seed,
-                       enc.threads, rt.prequential.near_future)
+        self.trainers = TrainerGroup(actors, "adapter_trainer", rt.data_parallel, AdapterTrainer, options, enc.spec,
+                                     info.payload, self.nsr, n_way, config.seed, enc.threads,
+                                     rt.prequential.near_future, replicated=REPLICATED)
         self.trainer_info = ray.get(actors.handle("adapter_trainer").info.remote())
-        names = ["source", *self.workers]
+        names = ["source", *self.trainers.workers]
         self.banks = self.nsr.allocation == "bank"  # the memoryless rules keep nothing beyond the active capacity
         if self.banks:
             actors.get("memory", MemoryManager, rt.actor_options("memory"),
                        nsr_stores(self.nsr), rt.actor_threads)
             names.append("memory")
-        self.roles = Roles(actors, names, copies={w: "adapter_trainer" for w in self.workers[1:]})
-        self.group = WorkerGroup(lambda: [self.roles.handle(w) for w in self.workers], REPLICATED)
+        self.roles = Roles(actors, names, copies=self.trainers.copies)
         self.flow = NSRFlow(ActorCalls(self._handle), self.nsr)
         self.task_free = False  # NSR keys its bank at task arrival
-        self._join()
 
     def _handle(self, role: str):
-        return self.group if role == "adapter_trainer" and len(self.workers) > 1 else self.roles.handle(role)
-
-    def _join(self) -> None:
-        """The adapter trainers form one data-parallel group (after their start and after every revival)."""
-        if len(self.workers) == 1:
-            return
-        handles = [self.roles.handle(w) for w in self.workers]
-        address = ray.get(handles[0].rendezvous.remote())
-        ray.get([h.join.remote(address, rank, len(handles), self.whole_gpus) for rank, h in enumerate(handles)])
+        return self.trainers.handle() if role == "adapter_trainer" else self.roles.handle(role)
 
     def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
         if role in ("source", "memory"):
@@ -134,7 +122,7 @@ class NSRPipeline:
                 submit(i)
             in_flight.add(self.flow.train(pending.popleft()))
         in_flight.drain()
-        self.group.drain()
+        self.trainers.drain()
         t_train = time.perf_counter()
         ended = self.flow.end_visit(task, key, tests, wait=lambda ref: bars.wait(
             [ref], f"{what} compress and test", "call", leave=False)[0])
@@ -162,12 +150,9 @@ class NSRPipeline:
         return dict(sorted(accuracy.items()))
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
-        self.group.pending.clear()  # calls of the workers before the fault
-        if len(self.workers) > 1:  # a survivor may still be inside a collective of the broken group: restart them all
-            for w in self.workers:
-                ray.kill(self.roles.handle(w), no_restart=False)
+        self.trainers.break_up()
         self.roles.revive()
-        self._join()
+        self.trainers.join()
         self.roles.restore(parts)
 
     def memory_report(self) -> dict[str, int]:

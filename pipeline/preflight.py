@@ -45,7 +45,7 @@ def check_run(config: RunConfig) -> MethodSpec:
     if config.runtime.data_parallel > 1 and spec.family != "nsr":
         raise ConfigError(f"runtime.data_parallel: {spec.name} has no trainer that learns data-parallel (NSR's "
                           "adapter trainer does: " + ", ".join(n for n, s in METHODS.items() if s.family == "nsr")
-                          + "); leave it at 1")
+                          + "; and `memcl lm`'s LoRA trainer); leave it at 1")
     if config.stream.realtime.on and spec.family != "features":
         raise ConfigError(f"stream.realtime: {spec.name} learns every batch it is given; a stream that does not wait "
                           "is run for the features methods (`memcl list methods`); set stream.realtime.mode=off")
@@ -95,7 +95,7 @@ def reserved_gpus(config: RunConfig, spec: MethodSpec) -> dict[str, tuple[float,
 def lm_reserved_gpus(rt: RuntimeConfig, tags: set[str]) -> dict[str, tuple[float, int]]:
     """`reserved_gpus` of a `memcl lm` run whose methods carry `tags` (all of them together): its LM replicas, and
     the LoRA trainer and the memory manager where a method starts them."""
-    asked = placed_gpus(rt, "lm", {"lm_encoder": rt.lm_replicas})
+    asked = placed_gpus(rt, "lm", {"lm_encoder": rt.lm_replicas, "lm_trainer": rt.data_parallel})
     if "trains-backbone" not in tags:
         asked.pop("lm_trainer", None)
     if not tags & {"direction-memory", "demonstrations"}:
@@ -116,7 +116,7 @@ def check_gpus(asked: dict[str, tuple[float, int]], available: float, where: str
 
 
 RUN_COPIES = "runtime.data_parallel, encoder.replicas"  # what `check_gpus` suggests to `memcl run`
-LM_COPIES = "runtime.lm_replicas"  # and to `memcl lm`
+LM_COPIES = "runtime.lm_replicas, runtime.data_parallel"  # and to `memcl lm`
 
 
 def joins_a_cluster(rt: RuntimeConfig) -> bool:

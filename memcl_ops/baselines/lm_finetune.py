@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import torch
 
 from memcl_ops.arrow import schema as S
+from memcl_ops.data_parallel import DataParallel
 from memcl_ops.models.lora import TARGET_PRESETS, LoRAAdapters, LoRAConfig
 from memcl_ops.training import OptimConfig, optimize
 
@@ -26,18 +28,27 @@ class FinetuneConfig:
 
 
 def finetune(lm: CausalLM, adapters: LoRAAdapters, batches: Sequence[pa.RecordBatch], config: OptimConfig,
-             seed: int) -> list[float]:
-    """Teacher-forced cross-entropy on the answer tokens of the text pairs of `batches`, LoRA factors only (the
-    backbone stays frozen); the model is in training mode only meanwhile. Returns the loss per epoch."""
+             seed: int, parallel: DataParallel | None = None) -> list[float]:
+    """Teacher-forced cross-entropy on the answer tokens of the text pairs of `batches` (per minibatch, the mean
+    over its pairs), LoRA factors only (the backbone stays frozen); the model is in training mode only meanwhile.
+    `parallel` (DDP around `lm.backbone`): this worker learns its share of every minibatch's pairs, the group as
+    one (memcl_ops/data_parallel.py). Returns the loss per epoch, the same on every worker."""
     prompts, answers = [], []
     for batch in batches:
         p, a = S.text_pairs(batch)
         prompts += p
         answers += a
+
+    def loss_on(idx: torch.Tensor) -> torch.Tensor:
+        if parallel is None:
+            return lm.answer_losses([prompts[i] for i in idx], [answers[i] for i in idx]).mean()
+        own, weight = parallel.rows(len(idx))
+        mine = idx[torch.from_numpy(own)]
+        losses = lm.answer_losses([prompts[i] for i in mine], [answers[i] for i in mine], through=parallel.module)
+        return parallel.group_mean(losses.sum() * weight)
+
     lm.model.train()
     try:
-        return optimize(adapters.parameters(),
-                        lambda idx: lm.answer_loss([prompts[i] for i in idx], [answers[i] for i in idx]),
-                        len(prompts), config, seed)
+        return optimize(adapters.parameters(), loss_on, len(prompts), config, seed)
     finally:
         lm.model.eval()

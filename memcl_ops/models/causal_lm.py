@@ -367,23 +367,27 @@ class CausalLM:
         return TeacherForced(torch.cat(keys) if keys else empty, torch.cat(corrections) if corrections else empty,
                              torch.cat(losses) if losses else torch.zeros(0, device=self.device), own)
 
-    def _forward_pairs(self, prompts: list[list[int]], answers: list[list[int]], hidden_states: bool) -> object:
+    def _forward_pairs(self, prompts: list[list[int]], answers: list[list[int]], hidden_states: bool,
+                       through: torch.nn.Module | None = None) -> object:
+        """The backbone's forward over prompt + answer (through `through`, a wrapper of the backbone, if given)."""
         ids, mask = _right_padded([p + a for p, a in zip(prompts, answers)], self.pad_id, self.device)
-        return self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=hidden_states, use_cache=False)
+        backbone = self.backbone if through is None else through
+        return backbone(input_ids=ids, attention_mask=mask, output_hidden_states=hidden_states, use_cache=False)
 
     @staticmethod
     def _target_states(out: object, i: int, prompt_len: int, answer_len: int) -> torch.Tensor:
         """h_out at the positions predicting the answer: the state at prompt_len-1+t predicts answer token t."""
         return out.last_hidden_state[i, prompt_len - 1:prompt_len - 1 + answer_len]
 
-    def answer_loss(self, prompts: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
-        """Mean over pairs of the answer tokens' mean cross-entropy, differentiable (for fine-tuning baselines)."""
+    def answer_losses(self, prompts: Sequence[str], answers: Sequence[str],
+                      through: torch.nn.Module | None = None) -> torch.Tensor:
+        """Per pair, the answer tokens' mean cross-entropy, differentiable (for fine-tuning baselines); the forward
+        runs through `through` where given (a DDP wrapper of `backbone`, so the engine all-reduces its gradients)."""
         p_ids, a_ids = [self.prompt_ids(p) for p in prompts], [self.answer_ids(a) for a in answers]
-        out = self._forward_pairs(p_ids, a_ids, hidden_states=False)
-        losses = [F.cross_entropy(self.head(self._target_states(out, i, len(p), len(a))),
-                                  torch.tensor(a, device=self.device))
-                  for i, (p, a) in enumerate(zip(p_ids, a_ids))]
-        return torch.stack(losses).mean()
+        out = self._forward_pairs(p_ids, a_ids, hidden_states=False, through=through)
+        return torch.stack([F.cross_entropy(self.head(self._target_states(out, i, len(p), len(a))),
+                                            torch.tensor(a, device=self.device))
+                            for i, (p, a) in enumerate(zip(p_ids, a_ids))])
 
     def _teacher_forced_chunk(self, prompts: list[PromptTokens], answers: list[list[int]]
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:

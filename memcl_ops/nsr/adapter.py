@@ -17,10 +17,9 @@ teacher and student are read through the (frozen) heads of the tasks that adapte
 
 `AdapterLearner` is Ray-free; the AdapterTrainer actor wraps it and the MemoryManager actor owns the bank.
 
-Data-parallel (`learn_data_parallel`): N learners, one per process of a torch.distributed group, each take every
-N-th row of each optimizer step's rows; DDP all-reduces the gradients. Each worker weighs its rows' losses by N over
-the step's row count, so DDP's average over the workers is the gradient of the whole step's mean loss: the same
-learning as one learner on the same steps, up to the order of float sums.
+Data-parallel (`learn_data_parallel`): N learners, one per process of a torch.distributed group, each learn their
+share of every optimizer step's rows (memcl_ops/data_parallel.py): the same learning as one learner on the same steps,
+up to the order of float sums.
 """
 
 from __future__ import annotations
@@ -33,11 +32,11 @@ from typing import Literal, Protocol
 import numpy as np
 import pyarrow as pa
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from memcl_ops.arrow import schema as S
+from memcl_ops.data_parallel import DataParallel, data_parallel
 from memcl_ops.losses import kd_loss
 from memcl_ops.models.lora import LoRAAdapters, LoRAConfig
 from memcl_ops.models.lowrank import CompressedDelta, compress
@@ -166,22 +165,6 @@ class _Student(nn.Module):
         return h, self.head(h)
 
 
-@dataclass
-class DataParallel:
-    """This learner as worker `rank` of `world` in the process's default torch.distributed group."""
-
-    rank: int
-    world: int
-    student: nn.Module  # the DDP-wrapped `_Student`
-
-    def shard(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, float]:
-        """This worker's rows of a step (every world-th from `rank` on) and the weight of each row's loss."""
-        rows = np.arange(self.rank, batch.num_rows, self.world)
-        if not len(rows):  # fewer rows than workers: take part in the all-reduce with a row that weighs nothing
-            return batch.slice(0, 1), 0.0
-        return batch.take(pa.array(rows)), self.world / batch.num_rows
-
-
 class AdapterLearner:
     def __init__(self, encoder: TrainableEncoder, config: NSRConfig, n_way: int, seed: int = 0):
         if n_way < 2:
@@ -201,15 +184,8 @@ class AdapterLearner:
     def learn_data_parallel(self, rank: int, world: int) -> None:
         """Learn as worker `rank` of `world` in the default torch.distributed group, which every worker has joined;
         the workers start from the same state (they restore the same checkpoint) and take the same calls."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        student = _Student(self.encoder, self.head)
-        # the frozen backbone is the same everywhere: DDP need not broadcast it
-        frozen = [n for n, p in student.named_parameters() if not p.requires_grad]
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-            student, frozen + [n for n, _ in student.named_buffers()])
         # an encoder may carry LoRA sites its features never pass through (open_clip's text tower under an image)
-        self.parallel = DataParallel(rank, world, DistributedDataParallel(student, find_unused_parameters=True))
+        self.parallel = data_parallel(_Student(self.encoder, self.head), rank, world, find_unused=True)
 
     @torch.no_grad()
     def _reset_head(self) -> None:
@@ -300,16 +276,15 @@ class AdapterLearner:
         self.steps += 1
         if self.parallel is None:
             return float(loss.detach())
-        total = loss.detach().clone()  # the step's mean loss: the workers' weighed sums, summed, over the workers
-        dist.all_reduce(total)
-        return float(total) / self.parallel.world
+        return float(self.parallel.group_mean(loss.detach()))
 
     def loss(self, batch: pa.RecordBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """One step's loss on `batch`: its mean over the rows, or, data-parallel, this worker's rows weighed so that
         the workers' average is that mean; and the logits of the rows the loss read."""
         weight = None
         if self.parallel is not None:
-            batch, weight = self.parallel.shard(batch)
+            rows, weight = self.parallel.rows(batch.num_rows)
+            batch = batch.take(pa.array(rows))
         y = self.local_labels(batch).to(self.device)
         # The teacher pass swaps the factors in place, so it must come before the student pass records them.
         teacher = self._teacher_features(batch) if self.teacher is not None else None
@@ -317,7 +292,7 @@ class AdapterLearner:
             h = self.encoder.features(batch).float()
             logits = self.head(h)
         else:
-            h, logits = self.parallel.student(batch)
+            h, logits = self.parallel.module(batch)
         rows = None if weight is None else torch.full((len(y),), weight, device=self.device)
         loss = F.cross_entropy(logits, y) if rows is None else F.cross_entropy(logits, y, reduction="none") @ rows
         if teacher is not None:

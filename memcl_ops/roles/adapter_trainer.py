@@ -13,14 +13,12 @@ their own); and with the capacity of `near_future` batches back. `end_task` hand
 
 from __future__ import annotations
 
-import socket
-from datetime import timedelta
-
 import numpy as np
 import pyarrow as pa
 import torch
 
 from memcl_ops.clock import StageClock
+from memcl_ops.data_parallel import join_group
 from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
 from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
@@ -30,16 +28,6 @@ from memcl_ops.tensors import state_part
 
 # the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
 REPLICATED = frozenset({"begin_task", "train"})
-# how long a worker waits for the others at the rendezvous or an all-reduce before it fails: the others wait there
-# while worker 0 alone evaluates (a returning task's recovery, after every step); a dead worker fails it at once
-GROUP_TIMEOUT = timedelta(minutes=30)
-
-
-def rendezvous_address(host: str) -> str:
-    """`host`:<a free port>, where worker 0 of a data-parallel group is reached."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return f"{host}:{s.getsockname()[1]}"
 
 
 class AdapterTrainer:
@@ -78,13 +66,7 @@ class AdapterTrainer:
         `address` (worker 0's `rendezvous_address`) and wrap the learner in DDP. The group all-reduces over NCCL when
         every worker has a GPU of its own (`whole_gpus`), else over gloo (CPUs, or workers sharing a GPU, which NCCL
         refuses)."""
-        import torch.distributed as dist
-
-        if dist.is_initialized():  # the group of an earlier run, or of the workers before a fault
-            dist.destroy_process_group()
-        backend = "nccl" if whole_gpus and self.learner.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world,
-                                timeout=GROUP_TIMEOUT)
+        join_group(address, rank, world, nccl=whole_gpus and self.learner.device.type == "cuda")
         self.rank = rank
         self.learner.learn_data_parallel(rank, world)
 

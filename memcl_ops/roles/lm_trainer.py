@@ -1,5 +1,9 @@
 """The LMTrainer role: the sequential LoRA fine-tuning baseline on its own copy of the causal LM (the frozen
-`LMEncoder` never changes). Trains on text-pair batches task after task and generates with the adapter."""
+`LMEncoder` never changes). Trains on text-pair batches task after task and generates with the adapter.
+
+Several trainers can learn as one, data-parallel (`join`): every worker takes `train` (REPLICATED), each learning its
+share of every minibatch's pairs with DDP all-reducing the gradients (memcl_ops/data_parallel.py); worker 0 alone
+answers the rest (generation, its state stands for the group's)."""
 
 from __future__ import annotations
 
@@ -11,8 +15,12 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.schema import with_predictions
 from memcl_ops.baselines.lm_finetune import FinetuneConfig, finetune
 from memcl_ops.clock import StageClock
+from memcl_ops.data_parallel import DataParallel, data_parallel, join_group
 from memcl_ops.models.causal_lm import LMSpec, load_lm
 from memcl_ops.models.lora import LoRAAdapters
+
+# the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
+REPLICATED = frozenset({"train"})
 
 
 class LMTrainer:
@@ -31,15 +39,24 @@ class LMTrainer:
             self.adapters.remove()
         self.adapters = LoRAAdapters(self.lm.model, config.lora)
         self.config, self.seed = config, seed
+        self.parallel: DataParallel | None = None  # set by `join`, after every reset
         self.rounds = 0
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
         self.clock = StageClock()
+
+    def join(self, address: str, rank: int, world: int, whole_gpus: bool = False) -> None:
+        """Become worker `rank` of `world` trainers learning as one (after every reset): join their process group at
+        `address` (worker 0's `rendezvous_address`; NCCL when every worker has a GPU of its own, `whole_gpus`, else
+        gloo) and wrap the LM's backbone in DDP."""
+        join_group(address, rank, world, nccl=whole_gpus and self.lm.device.type == "cuda")
+        # every LoRA site lies on the answer loss's path: DDP need not search the graph for unused ones
+        self.parallel = data_parallel(self.lm.backbone, rank, world, find_unused=False)
 
     def train(self, *batches: pa.RecordBatch) -> list[float]:
         """LoRA epochs on the pairs of `batches` (one task's data); returns the loss per epoch."""
         with self.clock.time("train"):
             history = finetune(self.lm, self.adapters, batches, self.config.optim,
-                               seed=self.seed * 100_003 + self.rounds)
+                               seed=self.seed * 100_003 + self.rounds, parallel=self.parallel)
             self.rounds += 1
             self.learned += [S.sample_ids_to_numpy(b) for b in batches]
             return history

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 
+from memcl.pipeline import checkpoint
 from memcl.pipeline.config import RuntimeConfig, dump_config
 from memcl.pipeline.lm import LMRunConfig, run_specs
 from memcl.pipeline.runner import run
+from memcl_ops.baselines.lm_finetune import FinetuneConfig
 from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.method_config import LMMethodConfig
 from memcl_ops.miita.directions import AdaptConfig
@@ -164,6 +167,55 @@ def test_kills_aimed_at_every_step_of_the_run_give_the_uninterrupted_run(actors,
     assert sorted(phase for phase, _ in done) == sorted(AIMS)
     assert sum(r["recoveries"] for r in metrics["runs"].values()) >= 3
     assert_same_runs(metrics, zero_step)
+
+
+def _final_lora(metrics: dict) -> dict[str, np.ndarray]:
+    """The LoRA factors after the last task, as checkpointed (worker 0's: a data-parallel worker's state is its)."""
+    parts, _ = checkpoint.read(Path(metrics["run_dir"], "runs", "lora", "checkpoints", "ckpt-000002.npz"))
+    assert "lm_trainer1" not in parts
+    return {k: v for k, v in parts["lm_trainer"].items() if k.startswith("lora.")}
+
+
+@pytest.fixture(scope="module")
+def lora_two_workers(actors, tmp_path_factory):
+    """The LoRA baseline's trainer as two data-parallel workers (DDP over gloo)."""
+    cfg = config(0.0, methods=("lora",), out=tmp_path_factory.mktemp("dp"))
+    return run(replace(cfg, runtime=replace(cfg.runtime, data_parallel=2)), actors=actors).metrics
+
+
+def test_two_data_parallel_lora_workers_learn_what_one_learns(actors, zero_step, lora_two_workers):
+    one, two = _final_lora(zero_step), _final_lora(lora_two_workers)
+    assert one.keys() == two.keys() and len(one) >= 4
+    # the same minibatches' mean gradients, summed in another order: the factors agree to a twentieth of one Adam
+    # step (lr), and the losses to float rounding
+    step = FinetuneConfig().optim.lr
+    for key in one:
+        np.testing.assert_allclose(two[key], one[key], rtol=0, atol=step / 20, err_msg=key)
+        assert np.abs(one[key]).max() > step, key  # the factors moved: a trained adapter is compared
+    # and not bit for bit: each worker summed only its share of every minibatch (two workers each learning every pair
+    # would repeat one worker's sums exactly)
+    assert any(not np.array_equal(two[key], one[key]) for key in one)
+    parts = ray.get([actors.handle(w).state.remote() for w in ("lm_trainer", "lm_trainer1")])
+    for key in two:  # DDP keeps the workers identical
+        np.testing.assert_array_equal(parts[1][key], parts[0][key], err_msg=key)
+    single, double = zero_step["runs"]["lora"], lora_two_workers["runs"]["lora"]
+    np.testing.assert_array_equal(np.array(double["acc_matrix"], float), np.array(single["acc_matrix"], float))
+    for a, b in zip(double["log"], single["log"], strict=True):
+        np.testing.assert_allclose(a["learned"]["epoch_losses"], b["learned"]["epoch_losses"], rtol=1e-4)
+    assert predictions(lora_two_workers)["lora"] == predictions(zero_step)["lora"]
+    samples = double["samples"]  # each pair learned once by the group (by one worker's share)
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"] == 18
+
+
+def test_a_data_parallel_lora_worker_killed_mid_task_replays_to_the_uninterrupted_run(actors, tmp_path,
+                                                                                     lora_two_workers):
+    hook, done = killer(actors, "lm_trainer1", (1, 0), restart=True)
+    cfg = config(0.0, methods=("lora",), out=tmp_path)
+    metrics = run(replace(cfg, runtime=replace(cfg.runtime, data_parallel=2)), actors=actors, on_batch=hook).metrics
+    assert done and metrics["runs"]["lora"]["recoveries"] >= 1
+    assert_same_runs(metrics, lora_two_workers)
+    for key, value in _final_lora(lora_two_workers).items():
+        np.testing.assert_array_equal(_final_lora(metrics)[key], value, err_msg=key)
 
 
 def test_killed_driver_resumes_to_the_uninterrupted_runs(actors, tmp_path, zero_step):

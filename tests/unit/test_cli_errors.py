@@ -64,6 +64,10 @@ CASES = {  # argv -> words the one line must contain
                                                             "runtime.data_parallel"],
     "run --set encoder.num_gpus=1 --set encoder.replicas=64": ["runtime.placement", "64 GPUs", "encoder 1 x 64"],
     "lm --set runtime.lm_replicas=0": ["runtime.lm_replicas", "1 or more"],
+    "lm --set model.name=tiny:llama --methods base,miita --set runtime.data_parallel=2": [
+        "runtime.data_parallel", "base, miita", "lora"],
+    "lm --set model.name=tiny:llama --set runtime.data_parallel=8 --set runtime.placement.lm_trainer.num_gpus=1": [
+        "runtime.placement", "8 GPUs", "lm_trainer 1 x 8", "runtime.data_parallel"],
     "lm --set model.name=tiny:llama --set runtime.lm_replicas=64 --set runtime.placement.lm_encoder.num_gpus=1": [
         "runtime.placement", "64 GPUs", "lm_encoder 1 x 64", "runtime.lm_replicas"],
     "run --set stream.realtime.mode=simulated --set runtime.transport=compiled": [

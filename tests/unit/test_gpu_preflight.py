@@ -1,6 +1,8 @@
 """What a run's actors reserve in GPUs, checked against what a machine or a cluster has before any actor starts
 (pipeline/preflight.py): Ray would otherwise wait for them forever."""
 
+from dataclasses import replace
+
 import pytest
 
 from memcl.pipeline import preflight
@@ -41,6 +43,8 @@ def test_an_lm_run_counts_each_lm_replica_and_the_actors_its_methods_start():
     assert preflight.lm_reserved_gpus(rt, set(lora)) == {"lm_encoder": (0.5, 3), "lm_trainer": (1, 1)}
     assert preflight.lm_reserved_gpus(rt, set(miita)) == {"lm_encoder": (0.5, 3), "memory": (1, 1)}
     assert preflight.lm_reserved_gpus(RuntimeConfig(), set(lora) | set(miita)) == {}  # by default none
+    workers = replace(rt, data_parallel=2)  # the LoRA trainer's data-parallel workers each reserve its placement
+    assert preflight.lm_reserved_gpus(workers, set(lora)) == {"lm_encoder": (0.5, 3), "lm_trainer": (1, 2)}
     with pytest.raises(ConfigError, match=r"reserve 2.5 GPUs \(lm_encoder 0.5 x 3 actors, lm_trainer 1\).*lower "
-                                          r"runtime.lm_replicas or"):
+                                          r"runtime.lm_replicas, runtime.data_parallel or"):
         preflight.check_gpus(preflight.lm_reserved_gpus(rt, set(lora)), 2, "the cluster has", preflight.LM_COPIES)

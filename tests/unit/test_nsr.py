@@ -9,12 +9,12 @@ import torch
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.datasets import load_dataset
+from memcl_ops.data_parallel import DataParallel
 from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
 from memcl_ops.nsr.adapter import (
     AdapterLearner,
     ArrivalPlan,
-    DataParallel,
     NSRConfig,
     RecoveryTracker,
     _Student,
