@@ -17,13 +17,18 @@ in the run state that checkpoints carry)."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memcl_ops.arrow import schema as S
+from memcl_ops.tensors import state_part
+
+Model = TypeVar("Model")
 
 PREDICTIONS = pa.schema([
     pa.field(S.SAMPLE_ID, pa.int64(), nullable=False),
@@ -62,6 +67,56 @@ def prediction_table(batch: pa.RecordBatch, prediction: np.ndarray, score: np.nd
          pa.array(np.asarray(near_future, np.int64)), pa.array(np.full(len(labels), version, np.int32)),
          pa.array((labels >= 0) & learned)],
         schema=PREDICTIONS)
+
+
+class NearFutureModels(Generic[Model]):
+    """The earlier models a learner's near-future predictions are made with: batch t is scored, beside the model as it
+    stands, by the one that had learned only the batches before t − k + 1 (k = `near_future`). The learner counts
+    each batch it predicts (`predicted`), asks for the model of the batch at hand (`for_next`) and says when its model
+    is about to change (`changing`): that one is kept while a batch still to come will be scored with it (a model that
+    predicted no batch is never asked for). With k = 1 nothing is kept."""
+
+    def __init__(self, near_future: int):
+        self.near_future = near_future
+        self.position = 0  # training batches predicted so far
+        self.current_from = 0  # the first batch the current model predicted
+        self.kept: list[tuple[int, Model]] = []  # earlier models, oldest first: (the first batch each predicted, it)
+
+    def for_next(self) -> Model | None:
+        """The model the next batch is scored as of (None: the current one; before the first kept, the first)."""
+        batch = self.position - self.near_future + 1
+        if batch >= self.current_from or not self.kept:
+            return None
+        return next((m for start, m in reversed(self.kept) if start <= batch), self.kept[0][1])
+
+    def predicted(self) -> None:
+        self.position += 1
+
+    def changing(self, current: Callable[[], Model]) -> None:
+        """The model is about to change: keep `current()` (its copy) for the near-future predictions still to come,
+        and drop the models no batch to come will be scored with."""
+        if self.near_future > 1 and self.current_from < self.position:
+            self.kept.append((self.current_from, current()))
+            oldest_asked = self.position - self.near_future + 1
+            while len(self.kept) > 1 and self.kept[1][0] <= oldest_asked:
+                self.kept.pop(0)
+        self.current_from = self.position
+
+    def state(self, model_state: Callable[[Model], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The bookkeeping and each kept model (`model_state` of it), as flat arrays for a checkpoint."""
+        out = {"position": np.array([self.position, self.current_from], np.int64)}
+        for i, (start, model) in enumerate(self.kept):
+            out[f"{i}.from"] = np.array(start, np.int64)
+            out.update({f"{i}.{k}": v for k, v in model_state(model).items()})
+        return out
+
+    def restore(self, state: dict[str, np.ndarray], model_from: Callable[[dict[str, np.ndarray]], Model]) -> None:
+        """The inverse of `state`, each kept model rebuilt by `model_from` of its arrays."""
+        self.position, self.current_from = (int(v) for v in state["position"])
+        self.kept = []
+        while f"{len(self.kept)}.from" in state:
+            i = len(self.kept)
+            self.kept.append((int(state[f"{i}.from"]), model_from(state_part(state, str(i)))))
 
 
 def labelled(table: pa.Table) -> pa.Table:

@@ -23,8 +23,8 @@ from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
 from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
 from memcl_ops.nsr.task_bank import BankEntry
-from memcl_ops.prequential import PREDICTIONS, PrequentialConfig, prediction_table
-from memcl_ops.tensors import state_part
+from memcl_ops.prequential import PREDICTIONS, NearFutureModels, PrequentialConfig, prediction_table
+from memcl_ops.tensors import prefixed, state_part
 
 # the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
 REPLICATED = frozenset({"begin_task", "train"})
@@ -53,12 +53,9 @@ class AdapterTrainer:
         self.compressed: Snapshot | None = None
         self.eval_batches: tuple[pa.RecordBatch, ...] = ()
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
-        self.near_future = near_future
         self.predictions: list[pa.Table] = []  # the visit's training batches as predicted before they were learned
-        self.position = 0  # training batches predicted so far
-        # earlier capacities, oldest first: (the first batch each predicted, its state)
-        self.versions: list[tuple[int, dict[str, np.ndarray]]] = []
-        self.current_from = 0  # the first batch the active capacity predicted
+        # earlier capacities (their states) for the near-future predictions
+        self.earlier: NearFutureModels[dict[str, np.ndarray]] = NearFutureModels(near_future)
         self.clock = StageClock()
 
     def join(self, address: str, rank: int, world: int, whole_gpus: bool = False) -> None:
@@ -68,6 +65,8 @@ class AdapterTrainer:
         refuses)."""
         join_group(address, rank, world, nccl=whole_gpus and self.learner.device.type == "cuda")
         self.rank = rank
+        if rank:  # only worker 0 predicts: the others keep no earlier capacity
+            self.earlier = NearFutureModels(1)
         self.learner.learn_data_parallel(rank, world)
 
     def info(self) -> dict:
@@ -104,8 +103,8 @@ class AdapterTrainer:
         predicts = self.rank == 0  # worker 0 predicts for a data-parallel group
         near = self._near_future(batch) if predicts else None
         version = self.learner.visits - 1
-        self.position += 1
-        self._keep_version()  # learning the batch changes the capacity: keep it for the batches to come
+        self.earlier.predicted()
+        self.earlier.changing(self.learner.state)  # learning the batch changes the capacity: keep it for those to come
         steps: list[tuple[np.ndarray, np.ndarray]] = []
 
         def predict(rows: pa.RecordBatch, logits: torch.Tensor | None) -> None:
@@ -124,28 +123,11 @@ class AdapterTrainer:
 
     def _near_future(self, batch: pa.RecordBatch) -> np.ndarray | None:
         """`batch` as the capacity of `near_future` batches back predicts it (None: that is the active one)."""
-        old = self._version_for(self.position - self.near_future + 1)
+        old = self.earlier.for_next()
         if old is None:
             return None
         with self.clock.time("prequential"), self.learner.as_of(old):
             return self.learner.scored(batch)[0]
-
-    def _version_for(self, batch: int) -> dict[str, np.ndarray] | None:
-        """The state of the capacity that predicted batch `batch` (None: the active one; before the first kept, the
-        first)."""
-        if batch >= self.current_from or not self.versions:
-            return None
-        return next((v for v in reversed(self.versions) if v[0] <= batch), self.versions[0])[1]
-
-    def _keep_version(self) -> None:
-        """The capacity is about to change: keep it for the near-future predictions still to come (one that
-        predicted no batch is never asked for), and drop those no batch to come will be scored with."""
-        if self.rank == 0 and self.near_future > 1 and self.current_from < self.position:
-            self.versions.append((self.current_from, self.learner.state()))
-            oldest_asked = self.position - self.near_future + 1
-            while len(self.versions) > 1 and self.versions[1][0] <= oldest_asked:
-                self.versions.pop(0)
-        self.current_from = self.position
 
     def end_task(self, compress: bool, *test_batches: pa.RecordBatch) -> dict:
         """The visit's report: steps, recovery (returning tasks), the live adapter's accuracy on `test_batches`,
@@ -190,19 +172,13 @@ class AdapterTrainer:
         return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
 
     def state(self) -> dict[str, np.ndarray]:
-        out = {**{f"learner.{k}": v for k, v in self.learner.state().items()}, "learned": self.learned_ids(),
-               "versions.position": np.array([self.position, self.current_from], np.int64)}
-        for i, (start, version) in enumerate(self.versions):
-            out[f"versions.{i}.from"] = np.array(start, np.int64)
-            out.update({f"versions.{i}.learner.{k}": v for k, v in version.items()})
-        return out
+        return {**prefixed("learner", self.learner.state()), "learned": self.learned_ids(),
+                **prefixed("versions", self.earlier.state(lambda capacity: prefixed("learner", capacity)))}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.learner.restore(state_part(state, "learner"))
         self.learned = [np.asarray(state["learned"])]
-        self.position, self.current_from = (int(v) for v in state["versions.position"])
-        self.versions = [(int(state[f"versions.{i}.from"]), state_part(state, f"versions.{i}.learner"))
-                         for i in range(sum(1 for k in state if k.startswith("versions.") and k.endswith(".from")))]
+        self.earlier.restore(state_part(state, "versions"), lambda arrays: state_part(arrays, "learner"))
         self.predictions = []
 
     def timings(self) -> dict:

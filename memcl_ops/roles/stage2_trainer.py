@@ -18,8 +18,8 @@ from memcl_ops.clock import StageClock
 from memcl_ops.learner import FeatureMemory, HeadLearner
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.methods import build_head, method_spec
-from memcl_ops.prequential import PrequentialConfig, prediction_table
-from memcl_ops.tensors import state_part
+from memcl_ops.prequential import NearFutureModels, PrequentialConfig, prediction_table
+from memcl_ops.tensors import prefixed, state_part
 from memcl_ops.training import ProgressQueue, epoch_reporter, report_epochs
 
 MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's state -> the memory
@@ -45,16 +45,14 @@ class Stage2Trainer:
             torch.set_num_threads(threads)
         self.spec = method_spec(method.name)
         self.method = self.spec.resolve(method)
-        self.feature_dim, self.seed, self.near_future = feature_dim, seed, near_future
+        self.feature_dim, self.seed = feature_dim, seed
         self.learner = build_head(self.spec, self.method, feature_dim, seed)
         self.memory_from_state = memory_from_state
         self.memory: FeatureMemory | None = None
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
-        self.position = 0  # training batches predicted so far
         self.fits = 0  # rounds consolidated: the version of the model
-        # earlier models, oldest first: (the first batch each predicted, its head, the memory it read)
-        self.versions: list[tuple[int, HeadLearner, FeatureMemory | None]] = []
-        self.current_from = 0  # the first batch the current model predicted
+        # earlier models (a head, the memory it read) for the near-future predictions
+        self.earlier: NearFutureModels[tuple[HeadLearner, FeatureMemory | None]] = NearFutureModels(near_future)
         self.clock = StageClock()
 
     def _set_memory(self, memory_state: dict[str, np.ndarray] | None) -> None:
@@ -77,7 +75,7 @@ class Stage2Trainer:
     def _train(self, memory_state: dict[str, np.ndarray] | None, batches: tuple[pa.RecordBatch, ...],
                fit: Callable[..., dict[str, float]], progress: ProgressQueue | None) -> dict[str, float]:
         with self.clock.time("stage2"), report_epochs(epoch_reporter(progress, "stage 2")):
-            self._keep_version()
+            self.earlier.changing(self._model_copy)
             self._set_memory(memory_state)
             x, y, ids = S.labelled_block(batches)
             self.learned.append(ids)
@@ -96,35 +94,25 @@ class Stage2Trainer:
                                  for part in S.stream_batches(b)):
                 features = S.features_to_torch(batch)
                 prediction, score = self.learner.scored(features, self.memory)
-                old, memory = self._model_for(self.position - self.near_future + 1)
-                near = prediction if old is self.learner else old.predict(features, memory)
+                old = self.earlier.for_next()
+                near = prediction if old is None else old[0].predict(features, old[1])
                 tables.append(prediction_table(batch, prediction, score, near, self.fits, takes))
-                self.position += 1
+                self.earlier.predicted()
                 if takes and hasattr(self.learner, "observe"):
-                    self._keep_version()
+                    self.earlier.changing(self._model_copy)
                     x, y, _ = S.labelled_block((batch,))
                     self.learner.observe(x, y, self.memory)
             return pa.concat_tables(tables) if tables else prediction_table(
                 S.feature_batch(np.zeros(0, np.int64), np.zeros((0, self.feature_dim))), *([np.zeros(0)] * 3), 0)
 
-    def _model_for(self, batch: int) -> tuple[HeadLearner, FeatureMemory | None]:
-        """The model (head, memory) that predicted batch `batch` (before the stream's start: the first one)."""
-        if batch >= self.current_from or not self.versions:
-            return self.learner, self.memory
-        _, learner, memory = next((v for v in reversed(self.versions) if v[0] <= batch), self.versions[0])
-        return learner, memory
+    def _model_copy(self) -> tuple[HeadLearner, FeatureMemory | None]:
+        """The model as it stands, kept apart from the learning to come (the memory is replaced, never changed)."""
+        return self._head_from(self.learner.state()), self.memory
 
-    def _keep_version(self) -> None:
-        """The model is about to change: keep it for the near-future predictions still to come (a model that
-        predicted no batch is never asked for), and drop the models no batch to come will be scored with."""
-        if self.near_future > 1 and self.current_from < self.position:
-            copy = build_head(self.spec, self.method, self.feature_dim, self.seed)
-            copy.restore(self.learner.state())
-            self.versions.append((self.current_from, copy, self.memory))
-            oldest_asked = self.position - self.near_future + 1  # the earliest batch a later one is scored as of
-            while len(self.versions) > 1 and self.versions[1][0] <= oldest_asked:
-                self.versions.pop(0)
-        self.current_from = self.position
+    def _head_from(self, state: dict[str, np.ndarray]) -> HeadLearner:
+        head = build_head(self.spec, self.method, self.feature_dim, self.seed)
+        head.restore(state)
+        return head
 
     def end_task(self) -> None:
         self.learner.end_task(self.memory)
@@ -158,25 +146,21 @@ class Stage2Trainer:
         if self.memory is not None:
             out.update({f"memory.{k}": v for k, v in self.memory.state().items()})
         out["learned"] = self.learned_ids()
-        out["versions.position"] = np.array([self.position, self.fits, self.current_from], np.int64)
-        for i, (start, learner, memory) in enumerate(self.versions):
-            out[f"versions.{i}.from"] = np.array(start, np.int64)
-            out.update({f"versions.{i}.learner.{k}": v for k, v in learner.state().items()})
-            out.update({f"versions.{i}.memory.{k}": v for k, v in (memory.state() if memory else {}).items()})
+        out["fits"] = np.array(self.fits, np.int64)
+        out.update(prefixed("versions", self.earlier.state(lambda model: {
+            **prefixed("learner", model[0].state()), **prefixed("memory", model[1].state() if model[1] else {})})))
         return out
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.learner.restore(state_part(state, "learner"))
         self._set_memory(state_part(state, "memory") or None)
         self.learned = [np.asarray(state["learned"])]
-        self.position, self.fits, self.current_from = (int(v) for v in state["versions.position"])
-        self.versions = []
-        for i in range(sum(1 for k in state if k.startswith("versions.") and k.endswith(".from"))):
-            part = state_part(state, f"versions.{i}")
-            learner = build_head(self.spec, self.method, self.feature_dim, self.seed)
-            learner.restore(state_part(part, "learner"))
-            memory = state_part(part, "memory")
-            self.versions.append((int(part["from"]), learner, self.memory_from_state(memory) if memory else None))
+        self.fits = int(state["fits"])
+        self.earlier.restore(state_part(state, "versions"), self._model_from)
+
+    def _model_from(self, arrays: dict[str, np.ndarray]) -> tuple[HeadLearner, FeatureMemory | None]:
+        memory = state_part(arrays, "memory")
+        return self._head_from(state_part(arrays, "learner")), self.memory_from_state(memory) if memory else None
 
     def timings(self) -> dict:
         return self.clock.report()

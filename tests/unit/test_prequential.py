@@ -16,7 +16,7 @@ from memcl_ops.feature_learner import FeatureLearner
 from memcl_ops.learner import Round
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.methods import method_spec
-from memcl_ops.prequential import PREDICTIONS, PrequentialConfig, Tally
+from memcl_ops.prequential import PREDICTIONS, NearFutureModels, PrequentialConfig, Tally
 
 DIM = 6
 
@@ -176,3 +176,26 @@ def test_anytime_cuts_each_visit_into_rounds_that_evaluate_every_task():
     schedule = Schedule(False, 8, anytime=3)
     assert schedule.due(stream, 0, []) and schedule.tasks([0], 0, 2) == [0, 1]
     assert schedule.test_visit([(1, 0)], []) == 1 and Schedule(False, 3).test_visit([(1, 0)], []) == 0
+
+
+@pytest.mark.parametrize("k, every", [(1, 1), (2, 1), (5, 1), (5, 3), (4, 7)])
+def test_near_future_models_give_the_model_of_k_batches_back_and_keep_no_more_than_they_need(k, every):
+    """A model that changes every `every` batches (online: 1): batch t is scored with the model that predicted batch
+    t - k + 1 (before the stream's start, the first), across a checkpoint too, and no more than k models are kept."""
+    models = NearFutureModels(k)
+    current = 0  # the model: how many changes it has seen
+    in_effect = []  # per batch, the model that predicted it
+    for t in range(40):
+        old = models.for_next()
+        in_effect.append(current)
+        assert (current if old is None else int(old["model"])) == in_effect[max(t - k + 1, 0)], t
+        models.predicted()
+        if (t + 1) % every == 0:
+            models.changing(lambda now=current: {"model": np.array(now)})
+            current += 1
+        assert len(models.kept) <= k
+        if t == 17:
+            restored = NearFutureModels(k)
+            restored.restore(models.state(lambda m: m), lambda arrays: arrays)
+            models = restored
+    assert k > 1 or not models.kept
