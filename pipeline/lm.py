@@ -16,10 +16,16 @@ then the tasks due are answered by generation with the method's state and scored
 The extraction is the same for every method and budget, so it runs once per train batch. The frozen base model
 has no state, so each task is answered once and its accuracy fills its column of every row.
 
+Test-then-train: each task's training pairs are answered by the method as it stands before it learns them (a memory
+method batch by batch, the LoRA trainer task by task, as it learns), scored like the test pairs: the run's
+prequential accuracy.
+
 Writes a run folder: config.yaml, runs/<run>/ (each run's checkpoints and metrics.json), metrics.json (per run:
-accuracy matrix, its summary (A_last, the MIITA paper's OP; BWT), memory bytes after every task, wall seconds),
+accuracy matrix, its summary (A_last, the MIITA paper's OP; BWT), prequential accuracy, memory bytes after every task,
+wall seconds),
 results.csv (one row per run), <run>_acc_matrix.{csv,png}, <run>_acc_over_time.png, a_last_bwt.png and
-predictions.jsonl (every generated answer).
+predictions.jsonl (every generated answer: `split` "test", the test pairs answered after task `after_task`; "train",
+the training pairs answered before they were learned, `after_task` the last task learned before theirs).
 """
 
 from __future__ import annotations
@@ -203,31 +209,43 @@ class LMPipeline:
     def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, task_free=False, every=0)
 
-    def learn(self, task: int, on_batch: BatchHook | None, bars: Progress) -> dict:
-        """Absorb one task's training pairs, batch by batch; returns what the method reports about it."""
+    def learn(self, task: int, on_batch: BatchHook | None, bars: Progress
+              ) -> tuple[dict, list[pa.RecordBatch], float]:
+        """Absorb one task's training pairs, batch by batch, each answered by the method as it stands before it is
+        learned (test-then-train); returns what the method reports about it, the answers (prediction batches) and
+        the wall seconds spent answering apart from learning (the LoRA trainer's; a memory method's answers and
+        writes interleave)."""
         ctx, flow = self.ctx, self.flow
-        if flow.trains:  # LoRA epochs over the whole task: one call
-            trained = flow.learn_task(ctx.train[task])
+        tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.train[task]
+        if flow.trains:  # LoRA epochs over the whole task: its pairs answered first, then one call
+            started = time.perf_counter()
+            answers = bars.wait([flow.answer(b, tokens) for b in batches], f"{self.spec.name}: answer "
+                                f"{ctx.tasks[task].name}'s training pairs", "batch", leave=False)
+            answering = time.perf_counter() - started
+            trained = flow.learn_task(batches)
             if on_batch is not None:
                 on_batch(task, 0)
             losses = ray.get(trained)
             self.trainers.drain()
-            return {"epoch_losses": losses}
-        if not (flow.prototypes or flow.demonstrations):
-            return {}
+            return {"epoch_losses": losses}, answers, answering
+        if not (flow.prototypes or flow.demonstrations):  # the frozen base learns nothing: its answers only
+            return {}, ray.get([flow.answer(b, tokens) for b in batches]), 0.0
         in_flight = InFlight(ctx.config.runtime.max_in_flight,
-                             bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(ctx.train[task])))
-        calls = []
-        for i, pairs in enumerate(ctx.train[task]):
+                             bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(batches)))
+        calls, answers = [], []
+        for i, pairs in enumerate(batches):
+            # the memory's calls run in the order they are sent: the answer reads it before this batch's write
+            answers.append(flow.answer(pairs, tokens))
             calls.append(flow.learn_batch(pairs, ctx.extraction(task, i)))
             if on_batch is not None:
                 on_batch(task, i)
             in_flight.add(calls[-1])
         in_flight.drain()
-        outcomes = ray.get(calls)
+        outcomes, answers = ray.get(calls), ray.get(answers)
         if flow.prototypes:
-            return {k: outcomes[-1][k] if k == "stored" else sum(o[k] for o in outcomes) for k in outcomes[0]}
-        return {"stored": outcomes[-1]}
+            return {k: outcomes[-1][k] if k == "stored" else sum(o[k] for o in outcomes) for k in outcomes[0]}, \
+                answers, 0.0
+        return {"stored": outcomes[-1]}, answers, 0.0
 
     def answer(self, task: int) -> list[ray.ObjectRef]:
         """Prediction batches for one task's test pairs under the method's current state."""
@@ -245,13 +263,17 @@ class LMPipeline:
         ctx, bars = self.ctx, reports.progress
         task = batches[0][0]
         t0 = time.perf_counter()
-        learned = self.learn(task, on_batch, bars)
+        learned, answered, answering = self.learn(task, on_batch, bars)
+        prequential, _, answered_rows = score(answered, ctx.tasks[task])
         t1 = time.perf_counter()
         rt = ctx.config.runtime
         schedule = Schedule(False, len(ctx.tasks), rt.evaluate_every, rt.evaluate_window)
         seen = list(range(task + 1))
         due = schedule.tasks(seen, task, len(ctx.tasks)) if schedule.due(self.info, task, [task]) else []
-        accuracy, nll, predictions, scores = {}, {}, [], {}
+        # the training pairs as answered before they were learned, then the test pairs after the task
+        predictions = [{"run": self.spec.name, "split": "train", "after_task": task - 1, "task": task, **r}
+                       for r in answered_rows]
+        accuracy, nll, scores = {}, {}, {}
         if due:
             reports.phase("evaluate")
         for j in due:
@@ -267,14 +289,16 @@ class LMPipeline:
                 if self.spec.method == "base":
                     ctx.base_answers[j] = accuracy[j], nll[j], rows
             scores[j] = {name: float(np.mean([r[name] for r in rows])) for name in SCORES + QUERY_COST}
-            predictions += [{"run": self.spec.name, "after_task": task, "task": j, **r} for r in rows]
+            predictions += [{"run": self.spec.name, "split": "test", "after_task": task, "task": j, **r} for r in rows]
         if accuracy:
             bars.note(f"{self.spec.name} after {ctx.tasks[task].name}: mean accuracy on the tasks answered "
                       f"{np.mean(list(accuracy.values())):.3f}")
         return RoundOutcome(accuracy, seen, [task], len(batches), None,
-                                   {"learn": t1 - t0, "evaluate": time.perf_counter() - t1},
-                                   {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
-                                    "scores": scores, "predictions": predictions})
+                            {"learn": t1 - t0 - answering, "prequential": answering,
+                             "evaluate": time.perf_counter() - t1},
+                            {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
+                             "scores": scores, "predictions": predictions,
+                             "prequential": {"score": prequential, "pairs": len(ctx.tasks[task].train)}})
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.ctx.forget_calls()
@@ -311,7 +335,14 @@ class LMPipeline:
 
         # the headline (`summary`, the loop's: A_last, the MIITA paper's OP) is exact match, or ROUGE-L on free-text
         # tasks; A_last and BWT of every score beside it
+        # test-then-train: each task's training pairs answered before they were learned, the headline score
+        answered = [(e["prequential"]["score"], e["prequential"]["pairs"]) for e in state.round_log]
+        pairs = sum(n for _, n in answered)
+        prequential = {"accuracy": sum(v * n for v, n in answered) / pairs if pairs else None, "pairs": pairs,
+                       "per_task": {self.ctx.tasks[int(e["task"])].name: e["prequential"]["score"]
+                                    for e in state.round_log}}
         return {"method": self.spec.method, "run": self.spec.name, "budget_bytes": self.spec.budget,
+                "prequential": prequential,
                 # teacher-forced NLL of the reference answers under the method's final state (lower is better)
                 "nll_matrix": nll.tolist(), "final_answer_nll": float(np.mean(nll[-1])),
                 "scores": {name: {"a_last": M.final_accuracy(per_score[name]),
@@ -429,7 +460,7 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
 
 def _run_entry(metrics: dict) -> dict:
     """One run's entry in the `memcl lm` metrics: its results without the answers (those go to predictions.jsonl)."""
-    keep = ("method", "budget_bytes", "acc_matrix", "summary", "nll_matrix",
+    keep = ("method", "budget_bytes", "acc_matrix", "summary", "prequential", "nll_matrix",
             "final_answer_nll", "scores", "query_cost", "memory_bytes", "log", "samples", "recoveries", "wall_seconds")
     return {k: metrics[k] for k in keep}
 
@@ -446,13 +477,15 @@ def render_lm(run_dir: Path, metrics: dict) -> None:
     """results.csv, the accuracy matrix files of every run and the A_last/BWT chart, from a metrics dict."""
     with open(run_dir / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["run", "method", "budget_bytes", "a_last", "bwt", "a_mean", "final_answer_nll",
-                         "memory_bytes", "seconds"])
+        writer.writerow(["run", "method", "budget_bytes", "a_last", "bwt", "a_mean", "prequential",
+                         "final_answer_nll", "memory_bytes", "seconds"])
         for name, r in metrics["runs"].items():
             s = r["summary"]
             a_mean = "" if s.get("a_mean") is None else f"{s['a_mean']:.4f}"
             writer.writerow([name, r["method"], r["budget_bytes"] or "", f"{s['a_last']:.4f}", f"{s['bwt']:.4f}",
-                             a_mean, f"{r['final_answer_nll']:.3f}", sum(r["memory_bytes"].values()),
+                             a_mean, "" if _prequential(r) is None else f"{_prequential(r):.4f}",
+                             f"{r['final_answer_nll']:.3f}",
+                             sum(r["memory_bytes"].values()),
                              f"{r['wall_seconds']['total']:.1f}"])
     for name, r in metrics["runs"].items():
         view = {"acc_matrix": r["acc_matrix"], "visits": list(range(len(metrics["tasks"]))), "method": name,
@@ -479,13 +512,19 @@ def _headline_chart(metrics: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _prequential(run: dict) -> float | None:
+    """A run's prequential accuracy (None in a run folder written before runs had one)."""
+    return run.get("prequential", {}).get("accuracy")
+
+
 def summary_table(metrics: dict) -> str:
     tasks = metrics["tasks"]
-    head = (f"{'run':<16} {'A_last':>6} {'BWT':>7} {'NLL':>6}  " + " ".join(f"{t[:12]:>12}" for t in tasks)
+    head = (f"{'run':<16} {'A_last':>6} {'BWT':>7} {'preq':>6} {'NLL':>6}  " + " ".join(f"{t[:12]:>12}" for t in tasks)
             + "   memory bytes")
     lines = [f"{metrics['model']['spec']} (hidden {metrics['model']['hidden']}, key layer "
              f"{metrics['model']['key_layer']}), seed {metrics['seed']}; A_last (the MIITA paper's OP), BWT and "
-             "final accuracy per task in %, NLL: mean teacher-forced NLL of the reference answers after the last task",
+             "final accuracy per task in %, preq: the training pairs answered before they were learned "
+             "(test-then-train), NLL: mean teacher-forced NLL of the reference answers after the last task",
              "", head,
              "-" * len(head)]
     for name, r in metrics["runs"].items():
@@ -493,7 +532,9 @@ def summary_table(metrics: dict) -> str:
         cells = " ".join(f"{100 * v:12.1f}" for v in final)
         mem = ", ".join(f"{k} {v:,}" for k, v in r["memory_bytes"].items()) or "-"
         s = r["summary"]
-        scores = f"{100 * s['a_last']:6.1f} {100 * s['bwt']:7.1f} {r['final_answer_nll']:6.2f}"
+        preq = _prequential(r)
+        scores = (f"{100 * s['a_last']:6.1f} {100 * s['bwt']:7.1f} {'-' if preq is None else f'{100 * preq:.1f}':>6} "
+                  f"{r['final_answer_nll']:6.2f}")
         lines.append(f"{name:<16} {scores}  {cells}   {mem}")
     for name, why in metrics.get("skipped", {}).items():
         lines.append(f"{name:<16} skipped: {why}")

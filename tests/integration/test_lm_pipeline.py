@@ -41,11 +41,14 @@ def zero_step(actors, tmp_path_factory):
     return run(config(0.0), run_dir=tmp_path_factory.mktemp("lm"), actors=actors).metrics
 
 
-def predictions(metrics) -> dict[str, dict]:
+def predictions(metrics, split: str = "test") -> dict[str, dict]:
+    """Per run, (after task, sample id) -> the answer, of the test pairs or (`split` "train") of the training pairs
+    answered before they were learned."""
     rows = [json.loads(line) for line in Path(metrics["run_dir"], "predictions.jsonl").read_text().splitlines()]
     out: dict[str, dict] = {}
     for r in rows:
-        out.setdefault(r["run"], {})[(r["after_task"], r["sample_id"])] = r["prediction"]
+        if r["split"] == split:
+            out.setdefault(r["run"], {})[(r["after_task"], r["sample_id"])] = r["prediction"]
     return out
 
 
@@ -140,6 +143,7 @@ def assert_same_runs(metrics: dict, reference: dict) -> None:
         np.testing.assert_array_equal(np.array(r["acc_matrix"]), np.array(ref["acc_matrix"]))
         assert r["final_answer_nll"] == ref["final_answer_nll"] and r["log"] == ref["log"], name
         assert preds[name] == expected[name], name
+        assert r["prequential"] == ref["prequential"], name
         samples = r["samples"]
         learned = 0 if r["method"] == "base" else samples["stream"]  # the frozen base learns nothing
         assert samples["stream"] == 18 and samples["learned"] == samples["unique_learned"] == learned, (name, samples)

@@ -191,7 +191,9 @@ def test_nsr_in_process_and_actor_pipeline_compute_the_same_run(actors, one_torc
 
 
 def test_lm_in_process_and_actor_pipeline_give_the_same_answers(actors, one_torch_thread, tmp_path):
-    """Every "lm" method, after every task, answers every test prompt it is asked the same in both executors."""
+    """Every "lm" method, after every task, answers every test prompt it is asked the same in both executors; and
+    test-then-train, each training batch answered before it is learned (in process: `answer`, then `observe`), gives
+    the same answers to the training pairs too."""
     config = LMRunConfig(
         model=LMSpec(name="tiny:llama", threads=1), methods=tuple(family_methods("lm")), budgets=(256,),
         stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3,
@@ -199,18 +201,24 @@ def test_lm_in_process_and_actor_pipeline_give_the_same_answers(actors, one_torc
         runtime=RuntimeConfig(actor_threads=1, progress=False, out=str(tmp_path)))
     metrics = runner.run(config, run_dir=tmp_path / "lm", actors=actors).metrics
     asked: dict[str, dict] = {}
+    before: dict[str, dict] = {}  # the training pairs, answered before they were learned
     for line in (tmp_path / "lm" / "predictions.jsonl").read_text().splitlines():
         row = json.loads(line)
-        asked.setdefault(row["run"], {})[(row["after_task"], row["sample_id"])] = row["prediction"]
+        if row["split"] == "test":
+            asked.setdefault(row["run"], {})[(row["after_task"], row["sample_id"])] = row["prediction"]
+        else:
+            before.setdefault(row["run"], {})[row["sample_id"]] = row["prediction"]
     tasks = build_lm_stream(config.stream)
     train, test = task_batches(tasks, config.stream.batch_size, config.stream.answer_batch_size)
     task_of = {sid: j for j, batches in enumerate(test) for b in batches for sid in b.column(S.SAMPLE_ID).to_pylist()}
     for spec in run_specs(config):
         learner = build_learner(spec.method, config.method, seed=config.seed, lm=config.model, budget=spec.budget)
-        answered = {}
+        answered, answered_before = {}, {}
         for t in range(len(tasks)):
             learner.begin_round(Round(t, t, None))
             for batch in train[t]:
+                out = learner.answer(batch, tasks[t].max_answer_tokens)
+                answered_before.update(zip(out.column(S.SAMPLE_ID).to_pylist(), out.column(S.PREDICTION).to_pylist()))
                 learner.observe(batch)
             learner.consolidate()
             for j in sorted({task_of[sid] for after, sid in asked[spec.name] if after == t}):
@@ -219,6 +227,7 @@ def test_lm_in_process_and_actor_pipeline_give_the_same_answers(actors, one_torc
                     answered.update({(t, sid): p for sid, p in zip(out.column(S.SAMPLE_ID).to_pylist(),
                                                                     out.column(S.PREDICTION).to_pylist())})
         assert answered == asked[spec.name], spec.name
+        assert answered_before == before[spec.name] and len(answered_before) == 18, spec.name
         assert metrics["runs"][spec.name]["memory_bytes"] == learner.flow.memory_report(), spec.name
 
 
