@@ -57,12 +57,12 @@ class DataParallel:
         return own, self.world / n
 
     def group_mean(self, loss: torch.Tensor) -> torch.Tensor:
-        """`loss` (this worker's weighed share) with the value of the whole step's mean loss (the shares summed over
-        the workers, over the workers) and this worker's own gradient: what a step reports, the same on every worker,
+        """`loss` (this worker's weighed share) with the value of the whole step's mean loss (the average of the
+        workers' shares) and this worker's own gradient: what a step reports, bit for bit the same on every worker,
         so an early stop on it stops them all together."""
         total = loss.detach().clone()
         dist.all_reduce(total)
-        return loss + (total / self.world - loss).detach()
+        return total / self.world + (loss - loss.detach())
 
 
 def data_parallel(module: nn.Module, rank: int, world: int, find_unused: bool) -> DataParallel:

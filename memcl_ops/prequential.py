@@ -114,7 +114,7 @@ class NearFutureModels(Generic[Model]):
         """The inverse of `state`, each kept model rebuilt by `model_from` of its arrays."""
         self.position, self.current_from = (int(v) for v in state["position"])
         self.kept = []
-        while f"{len(self.kept)}.from" in state:
+        while self.near_future > 1 and f"{len(self.kept)}.from" in state:  # with k = 1 none is ever asked for
             i = len(self.kept)
             self.kept.append((int(state[f"{i}.from"]), model_from(state_part(state, str(i)))))
 

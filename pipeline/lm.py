@@ -107,8 +107,7 @@ def check_config(config: LMRunConfig) -> tuple[list[RunSpec], list[TextTask]]:
         tasks = build_stream(config.stream)
     except (ValueError, LMUnavailable) as err:
         raise ConfigError(str(err)) from err
-    trainers = [s.method for s in specs if "trains-backbone" in lm_method(s.method).tags]
-    if config.runtime.data_parallel > 1 and not trainers:
+    if config.runtime.data_parallel > 1 and not any("trains-backbone" in lm_method(s.method).tags for s in specs):
         raise ConfigError("runtime.data_parallel: none of the methods " + ", ".join(config.methods) + " has a trainer "
                           "that learns data-parallel (the LoRA trainer does: "
                           + ", ".join(m for m in family_methods("lm") if "trains-backbone" in lm_method(m).tags)
@@ -213,8 +212,8 @@ class LMPipeline:
               ) -> tuple[dict, list[pa.RecordBatch], float]:
         """Absorb one task's training pairs, batch by batch, each answered by the method as it stands before it is
         learned (test-then-train); returns what the method reports about it, the answers (prediction batches) and
-        the wall seconds spent answering apart from learning (the LoRA trainer's; a memory method's answers and
-        writes interleave)."""
+        the wall seconds spent answering apart from learning (the LoRA trainer's, the frozen base's; a memory
+        method's answers and writes interleave, so its learning time includes its answers)."""
         ctx, flow = self.ctx, self.flow
         tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.train[task]
         if flow.trains:  # LoRA epochs over the whole task: its pairs answered first, then one call
@@ -228,8 +227,9 @@ class LMPipeline:
             losses = ray.get(trained)
             self.trainers.drain()
             return {"epoch_losses": losses}, answers, answering
-        if not (flow.prototypes or flow.demonstrations):  # the frozen base learns nothing: its answers only
-            return {}, ray.get([flow.answer(b, tokens) for b in batches]), 0.0
+        if not (flow.prototypes or flow.demonstrations):  # the frozen base learns nothing: it only answers
+            started = time.perf_counter()
+            return {}, ray.get([flow.answer(b, tokens) for b in batches]), time.perf_counter() - started
         in_flight = InFlight(ctx.config.runtime.max_in_flight,
                              bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(batches)))
         calls, answers = [], []
@@ -239,7 +239,8 @@ class LMPipeline:
             calls.append(flow.learn_batch(pairs, ctx.extraction(task, i)))
             if on_batch is not None:
                 on_batch(task, i)
-            in_flight.add(calls[-1])
+            # an answer reads the memory after the writes before it: waiting on it waits on those too
+            in_flight.add(answers[-1])
         in_flight.drain()
         outcomes, answers = ray.get(calls), ray.get(answers)
         if flow.prototypes:
@@ -264,7 +265,7 @@ class LMPipeline:
         task = batches[0][0]
         t0 = time.perf_counter()
         learned, answered, answering = self.learn(task, on_batch, bars)
-        prequential, _, answered_rows = score(answered, ctx.tasks[task])
+        prequential, _, answered_rows = score(answered, ctx.tasks[task], "train")
         t1 = time.perf_counter()
         rt = ctx.config.runtime
         schedule = Schedule(False, len(ctx.tasks), rt.evaluate_every, rt.evaluate_window)
@@ -298,7 +299,7 @@ class LMPipeline:
                              "evaluate": time.perf_counter() - t1},
                             {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
                              "scores": scores, "predictions": predictions,
-                             "prequential": {"score": prequential, "pairs": len(ctx.tasks[task].train)}})
+                             "prequential": {"score": prequential, "pairs": len(answered_rows)}})
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.ctx.forget_calls()
@@ -335,12 +336,13 @@ class LMPipeline:
 
         # the headline (`summary`, the loop's: A_last, the MIITA paper's OP) is exact match, or ROUGE-L on free-text
         # tasks; A_last and BWT of every score beside it
-        # test-then-train: each task's training pairs answered before they were learned, the headline score
-        answered = [(e["prequential"]["score"], e["prequential"]["pairs"]) for e in state.round_log]
-        pairs = sum(n for _, n in answered)
-        prequential = {"accuracy": sum(v * n for v, n in answered) / pairs if pairs else None, "pairs": pairs,
-                       "per_task": {self.ctx.tasks[int(e["task"])].name: e["prequential"]["score"]
-                                    for e in state.round_log}}
+        # test-then-train: each task's training pairs answered before they were learned, the headline score (a
+        # round logged before runs answered them has none)
+        logged = [e for e in state.round_log if "prequential" in e]
+        pairs = sum(e["prequential"]["pairs"] for e in logged)
+        prequential = {"accuracy": sum(e["prequential"]["score"] * e["prequential"]["pairs"] for e in logged) / pairs
+                       if pairs else None, "pairs": pairs,
+                       "per_task": {self.ctx.tasks[int(e["task"])].name: e["prequential"]["score"] for e in logged}}
         return {"method": self.spec.method, "run": self.spec.name, "budget_bytes": self.spec.budget,
                 "prequential": prequential,
                 # teacher-forced NLL of the reference answers under the method's final state (lower is better)
@@ -354,10 +356,11 @@ class LMPipeline:
                         for e in state.round_log]}
 
 
-def score(predictions: list[pa.RecordBatch], task: TextTask) -> tuple[float, float, list[dict]]:
+def score(predictions: list[pa.RecordBatch], task: TextTask, split: str = "test") -> tuple[float, float, list[dict]]:
     """The task's headline score (exact match or ROUGE-L, memcl_ops/data/lm_tasks.py) and mean answer NLL of
-    prediction batches, and one record per answer with every score."""
-    pairs = {p.prompt: p for p in task.test}
+    prediction batches of the task's `split` pairs ("test" or "train"), and one record per answer with every
+    score."""
+    pairs = {p.prompt: p for p in (task.train if split == "train" else task.test)}  # with the answers each accepts
     rows = []
     for batch in predictions:
         columns = (S.sample_ids_to_numpy(batch).tolist(), *(batch.column(c).to_pylist() for c in (
@@ -482,8 +485,9 @@ def render_lm(run_dir: Path, metrics: dict) -> None:
         for name, r in metrics["runs"].items():
             s = r["summary"]
             a_mean = "" if s.get("a_mean") is None else f"{s['a_mean']:.4f}"
+            preq = _prequential(r)
             writer.writerow([name, r["method"], r["budget_bytes"] or "", f"{s['a_last']:.4f}", f"{s['bwt']:.4f}",
-                             a_mean, "" if _prequential(r) is None else f"{_prequential(r):.4f}",
+                             a_mean, "" if preq is None else f"{preq:.4f}",
                              f"{r['final_answer_nll']:.3f}",
                              sum(r["memory_bytes"].values()),
                              f"{r['wall_seconds']['total']:.1f}"])

@@ -40,15 +40,22 @@ def finetune(lm: CausalLM, adapters: LoRAAdapters, batches: Sequence[pa.RecordBa
         answers += a
 
     def loss_on(idx: torch.Tensor) -> torch.Tensor:
-        if parallel is None:
-            return lm.answer_losses([prompts[i] for i in idx], [answers[i] for i in idx]).mean()
-        own, weight = parallel.rows(len(idx))
-        mine = idx[torch.from_numpy(own)]
-        losses = lm.answer_losses([prompts[i] for i in mine], [answers[i] for i in mine], through=parallel.module)
-        return parallel.group_mean(losses.sum() * weight)
+        loss = minibatch_loss(lm, [prompts[i] for i in idx], [answers[i] for i in idx], parallel)
+        return loss if parallel is None else parallel.group_mean(loss)
 
     lm.model.train()
     try:
         return optimize(adapters.parameters(), loss_on, len(prompts), config, seed)
     finally:
         lm.model.eval()
+
+
+def minibatch_loss(lm: CausalLM, prompts: Sequence[str], answers: Sequence[str],
+                   parallel: DataParallel | None = None) -> torch.Tensor:
+    """One minibatch's mean answer loss over its pairs; data-parallel, this worker's share of the pairs, each weighed
+    so that the workers' average is that mean (memcl_ops/data_parallel.py)."""
+    if parallel is None:
+        return lm.answer_losses(prompts, answers).mean()
+    own, weight = parallel.rows(len(prompts))
+    losses = lm.answer_losses([prompts[i] for i in own], [answers[i] for i in own], through=parallel.module)
+    return losses.sum() * weight

@@ -48,6 +48,10 @@ class LMTrainer:
         """Become worker `rank` of `world` trainers learning as one (after every reset): join their process group at
         `address` (worker 0's `rendezvous_address`; NCCL when every worker has a GPU of its own, `whole_gpus`, else
         gloo) and wrap the LM's backbone in DDP."""
+        synchronised = {id(p) for p in self.lm.backbone.parameters()}
+        if not all(id(p) in synchronised for p in self.adapters.parameters()):  # e.g. a site on the LM head
+            raise ValueError("the LoRA trainer learns data-parallel only with LoRA sites inside the LM's backbone: "
+                             f"{self.config.lora.targets} reaches beyond it")
         join_group(address, rank, world, nccl=whole_gpus and self.lm.device.type == "cuda")
         # every LoRA site lies on the answer loss's path: DDP need not search the graph for unused ones
         self.parallel = data_parallel(self.lm.backbone, rank, world, find_unused=False)

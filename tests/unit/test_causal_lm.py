@@ -7,9 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from memcl_ops.baselines.lm_finetune import FinetuneConfig, minibatch_loss
+from memcl_ops.data_parallel import DataParallel
 from memcl_ops.miita.answers import AnswerMemory, AnswerSteering
 from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
 from memcl_ops.models.causal_lm import TINY_ARCHS, CausalLM, LMSpec, load_lm, tiny_causal_lm
+from memcl_ops.models.lora import LoRAAdapters
 
 PROMPTS = ["the cat sat on", "2 + 2 =", "a much longer prompt than the others, with commas", "x"]
 ANSWERS = [" mat", " 4", " yes it is", " zz"]
@@ -289,3 +292,34 @@ def test_the_model_own_teacher_forced_tokens_start_with_its_greedy_answer(whole_
         assert own[0] == first[0]  # nothing of the reference is read before position 0
     logits = lm.model(torch.tensor([lm.prompt_ids(TASK_PROMPTS[2]) + lm.answer_ids(answers[2])])).logits[0]
     assert forced.model_tokens[2] == logits[-len(lm.answer_ids(answers[2])) - 1:].argmax(dim=-1).tolist()
+
+
+def test_data_parallel_shares_of_a_lora_minibatch_average_to_its_mean_gradient():
+    """What DDP averages over the LoRA trainer's workers (each worker's weighed share of a minibatch's pairs, read
+    through the backbone) is the gradient of the whole minibatch's mean answer loss, for shares of unequal size and
+    with more workers than pairs."""
+    lm = load_lm(LMSpec(name="tiny:llama"))
+    adapters = LoRAAdapters(lm.model, FinetuneConfig().lora)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # factors away from B = 0, so that every one of them has a gradient
+        for p in adapters.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=generator))
+    prompts, answers = [*PROMPTS, "one more", "and the last"], [*ANSWERS, " two", " end"]
+    params = list(adapters.parameters())
+
+    def gradient(loss: torch.Tensor) -> list[torch.Tensor]:
+        for p in params:
+            p.grad = None
+        loss.backward()
+        return [p.grad.clone() for p in params]
+
+    whole = gradient(minibatch_loss(lm, prompts, answers))
+    assert all(g.abs().sum() > 0 for g in whole)
+    for world in (2, 4, 9):  # shares of 3 and 3; 2, 2, 1, 1; six of one pair and three of none
+        total = [torch.zeros_like(g) for g in whole]
+        for rank in range(world):
+            share = gradient(minibatch_loss(lm, prompts, answers, DataParallel(rank, world, lm.backbone)))
+            total = [t + g for t, g in zip(total, share, strict=True)]
+        for averaged, expected in zip(total, whole, strict=True):
+            torch.testing.assert_close(averaged / world, expected, rtol=1e-4, atol=1e-7)
+    adapters.remove()
