@@ -33,6 +33,7 @@ from functools import lru_cache
 from typing import Literal, Protocol
 
 import numpy as np
+import torch
 
 QuantileMode = Literal["coverage", "upper"]
 Signal = Literal["paper", "reference"]
@@ -224,6 +225,16 @@ def nearest_distances(z: np.ndarray, rows: np.ndarray, row_norms: np.ndarray, st
     return np.sqrt(np.maximum(np.minimum.reduceat(squared, starts, axis=1), 0.0))
 
 
+def nearest_distances_on(z: np.ndarray, rows: torch.Tensor, row_norms: torch.Tensor, groups: torch.Tensor,
+                         count: int) -> np.ndarray:
+    """`nearest_distances` with torch where `rows` live (a GPU): `groups` gives each row's group (of `count`)."""
+    x = torch.from_numpy(np.ascontiguousarray(z, dtype=np.float32)).to(rows.device)
+    squared = (x * x).sum(1, keepdim=True) + row_norms[None, :] - 2.0 * x @ rows.T
+    nearest = torch.full((len(x), count), math.inf, device=rows.device)
+    nearest = nearest.scatter_reduce(1, groups.expand(len(x), -1), squared, "amin")
+    return nearest.clamp_min(0.0).sqrt().cpu().numpy()
+
+
 class Reference:
     """The last m frozen features assigned to one expanded slot: alternately bank and calibration rows, and the
     conformal radius r read off the calibration rows' distances to the bank."""
@@ -278,11 +289,13 @@ class ReferenceSignal:
 
     needs_features = True
 
-    def __init__(self, config: SGSEConfig):
+    def __init__(self, config: SGSEConfig, device: torch.device | None = None):
         self.config = config
         self.max_k = max_expanding_successes(config.block_size, config.z, config.tau_exp)
         self.references: list[Reference] = []
         self._stacked: tuple | None = None  # cache of `_stack`
+        # where each batch's distances to the banks are computed (None: with numpy on the CPU); the banks stay numpy
+        self.device = device
 
     def _new_reference(self, dim: int) -> Reference:
         c = self.config
@@ -293,11 +306,13 @@ class ReferenceSignal:
         out = np.full((len(z), len(self.references)), np.inf)
         if self._stacked is None:
             self._stack()
-        active, stacked, norms, starts, scale = self._stacked
+        active, stacked, norms, starts, scale, on_device = self._stacked
         if not active:
             return out
         # one product against all banks at once, then the minimum within each bank's columns
-        out[:, active] = nearest_distances(z, stacked, norms, starts) / scale
+        nearest = nearest_distances(z, stacked, norms, starts) if on_device is None else nearest_distances_on(
+            z, *on_device, len(active))
+        out[:, active] = nearest / scale
         return out
 
     def _stack(self) -> None:
@@ -307,7 +322,13 @@ class ReferenceSignal:
         stacked = np.concatenate(banks) if banks else np.zeros((0, 0), np.float32)
         starts = np.cumsum([0, *(len(b) for b in banks[:-1])])
         scale = (1 + self.config.slack) * np.array([self.references[j].radius for j in active])
-        self._stacked = (active, stacked, (stacked * stacked).sum(1), starts, scale)
+        norms = (stacked * stacked).sum(1)
+        on_device = None
+        if self.device is not None and active:  # the banks copied over once per change, not per batch
+            groups = np.repeat(np.arange(len(banks)), [len(b) for b in banks])
+            on_device = (torch.from_numpy(stacked).to(self.device), torch.from_numpy(norms).to(self.device),
+                         torch.from_numpy(groups).to(self.device))
+        self._stacked = (active, stacked, norms, starts, scale, on_device)
 
     def warmup_left(self) -> int:
         return 0
@@ -374,10 +395,11 @@ def frozen_features(h: np.ndarray, space: FeatureSpace) -> np.ndarray:
 class NoveltyMonitor:
     """SGSE over a stream of (confidence, features) rows. Ray-free; the NoveltyMonitor actor wraps it."""
 
-    def __init__(self, config: SGSEConfig = SGSEConfig()):
+    def __init__(self, config: SGSEConfig = SGSEConfig(), device: torch.device | None = None):
+        """`device`: where the reference signal computes its distances (None: numpy on the CPU)."""
         self.config = config
-        self.signal: TrialSignal = ReferenceSignal(config) if config.signal == "reference" else ConfidenceSignal(
-            config)
+        self.signal: TrialSignal = (ReferenceSignal(config, device) if config.signal == "reference"
+                                    else ConfidenceSignal(config))
         self.trials: list[bool] = []  # the current block's Bernoulli outcomes
         # the block's trials' feature sums, failed and all (float64; the new slot's key): rows (failed, all)
         self.centre_sums: np.ndarray | None = None

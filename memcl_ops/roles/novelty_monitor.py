@@ -1,5 +1,5 @@
 """The novelty monitor role: SGSE over the routed batches and the frozen features of the same batch (passed by object
-reference in the same call: no extra hop), emitting expansion events."""
+reference in the same call: no extra hop), emitting expansion events; on a GPU where its placement gives it one."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.clock import StageClock
 from memcl_ops.mars.sgse import Expansion, SGSEConfig
 from memcl_ops.mars.sgse import NoveltyMonitor as SGSE
+from memcl_ops.tensors import resolve_device
 
 
 class NoveltyMonitor:
-    def __init__(self, config: SGSEConfig):
-        self.reset(config)
+    """`device`: where the reference signal computes its distances ("auto": the GPU Ray assigned, else the CPU)."""
 
-    def reset(self, config: SGSEConfig) -> None:
-        self.monitor = SGSE(config)
+    def __init__(self, config: SGSEConfig, device: str = "cpu"):
+        self.reset(config, device)
+
+    def reset(self, config: SGSEConfig, device: str = "cpu") -> None:
+        self.device = resolve_device(device)
+        self.monitor = SGSE(config, None if self.device.type == "cpu" else self.device)  # numpy is the CPU's path
         self.clock = StageClock()
 
     def observe(self, routed: pa.RecordBatch | None, features: pa.RecordBatch) -> list[Expansion]:

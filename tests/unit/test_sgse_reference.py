@@ -158,3 +158,25 @@ def test_reported_bytes_are_the_arrays_kept():
 def test_a_feature_row_per_confidence():
     with pytest.raises(ValueError, match="3 confidences for 2 feature rows"):
         NoveltyMonitor(CONFIG).observe(np.zeros(3), np.zeros((2, 4)))
+
+
+def test_distances_on_a_torch_device_give_the_numpy_decisions():
+    """The path a GPU-placed monitor takes (torch where the banks were copied, here the CPU's torch) scores every
+    sample as the numpy path does, to float rounding, and so expands at the same steps, through new regimes and
+    recurring ones."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    regimes = [rng.normal(scale=3.0, size=(3, 24)) + offset for offset in (0.0, 12.0, -12.0)]
+    numpy_path, torch_path = NoveltyMonitor(CONFIG), NoveltyMonitor(CONFIG, torch.device("cpu"))
+    for visit in range(7):
+        x = mixture(rng, 400, regimes[visit % 3])
+        for a in range(0, len(x), 100):
+            rows = x[a:a + 100]
+            if numpy_path.signal.references:
+                np.testing.assert_allclose(torch_path.signal.scores(rows), numpy_path.signal.scores(rows), rtol=1e-4)
+            for monitor in (numpy_path, torch_path):
+                monitor.observe(np.zeros(len(rows)), rows)
+    assert numpy_path.expansions >= 3 and torch_path.test_steps == numpy_path.test_steps
+    assert [len(r.bank) for r in torch_path.signal.references] == [len(r.bank) for r in numpy_path.signal.references]
+    assert torch_path.expansions == numpy_path.expansions
