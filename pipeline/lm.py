@@ -523,7 +523,9 @@ def _prequential(run: dict) -> float | None:
 
 def summary_table(metrics: dict) -> str:
     tasks = metrics["tasks"]
-    head = (f"{'run':<16} {'A_last':>6} {'BWT':>7} {'preq':>6} {'NLL':>6}  " + " ".join(f"{t[:12]:>12}" for t in tasks)
+    width = max([16, *(len(n) for n in (*metrics["runs"], *metrics.get("skipped", {})))])  # the run names' column
+    head = (f"{'run':<{width}} {'A_last':>6} {'BWT':>7} {'preq':>6} {'NLL':>6}  "
+            + " ".join(f"{t[:12]:>12}" for t in tasks)
             + "   memory bytes")
     lines = [f"{metrics['model']['spec']} (hidden {metrics['model']['hidden']}, key layer "
              f"{metrics['model']['key_layer']}), seed {metrics['seed']}; A_last (the MIITA paper's OP), BWT and "
@@ -539,9 +541,9 @@ def summary_table(metrics: dict) -> str:
         preq = _prequential(r)
         scores = (f"{100 * s['a_last']:6.1f} {100 * s['bwt']:7.1f} {'-' if preq is None else f'{100 * preq:.1f}':>6} "
                   f"{r['final_answer_nll']:6.2f}")
-        lines.append(f"{name:<16} {scores}  {cells}   {mem}")
+        lines.append(f"{name:<{width}} {scores}  {cells}   {mem}")
     for name, why in metrics.get("skipped", {}).items():
-        lines.append(f"{name:<16} skipped: {why}")
+        lines.append(f"{name:<{width}} skipped: {why}")
     lines.append(f"\nwall seconds: {metrics['wall_seconds']['total']:.0f} total, "
                  f"{metrics['wall_seconds']['extract']:.0f} extraction; per run: "
                  + ", ".join(f"{n} {r['wall_seconds']['total']:.0f}" for n, r in metrics["runs"].items()))
