@@ -299,7 +299,7 @@ class LMPipeline:
                              "evaluate": time.perf_counter() - t1},
                             {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
                              "scores": scores, "predictions": predictions,
-                             "prequential": {"score": prequential, "pairs": len(answered_rows)}})
+                             "prequential": prequential})
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.ctx.forget_calls()
@@ -322,6 +322,26 @@ class LMPipeline:
     def close(self) -> None:
         """Nothing to release: this family streams through classic actor calls only."""
 
+    def _prequential(self, state: RunState) -> dict:
+        """Test-then-train: each training pair's headline score, answered before it was learned, in stream order:
+        overall, over the last `runtime.prequential.window` pairs and per task, and after each task (a round logged
+        before runs answered their training pairs has none)."""
+        window = self.ctx.config.runtime.prequential.window
+        scores: list[float] = []
+        curve, per_task = [], {}
+        for entry in state.round_log:
+            task = self.ctx.tasks[int(entry["task"])]
+            headline = "rouge_l" if task.metric == "rouge-l" else "exact"
+            mine = [float(p[headline]) for p in entry["predictions"] if p.get("split") == "train"]
+            if mine:
+                per_task[task.name] = float(np.mean(mine))
+            scores += mine
+            curve.append({"rows": len(scores), "accuracy": float(np.mean(scores)) if scores else None,
+                          "window": float(np.mean(scores[-window:])) if scores else None})
+        return {"accuracy": curve[-1]["accuracy"] if curve else None,
+                "window_accuracy": curve[-1]["window"] if curve else None, "window": window, "rows": len(scores),
+                "per_task": per_task, "curve": curve}
+
     def finish(self, state: RunState) -> dict:
         acc = np.array(state.acc_rows, dtype=np.float64)
         nll = np.full_like(acc, np.nan)
@@ -336,15 +356,8 @@ class LMPipeline:
 
         # the headline (`summary`, the loop's: A_last, the MIITA paper's OP) is exact match, or ROUGE-L on free-text
         # tasks; A_last and BWT of every score beside it
-        # test-then-train: each task's training pairs answered before they were learned, the headline score (a
-        # round logged before runs answered them has none)
-        logged = [e for e in state.round_log if "prequential" in e]
-        pairs = sum(e["prequential"]["pairs"] for e in logged)
-        prequential = {"accuracy": sum(e["prequential"]["score"] * e["prequential"]["pairs"] for e in logged) / pairs
-                       if pairs else None, "pairs": pairs,
-                       "per_task": {self.ctx.tasks[int(e["task"])].name: e["prequential"]["score"] for e in logged}}
         return {"method": self.spec.method, "run": self.spec.name, "budget_bytes": self.spec.budget,
-                "prequential": prequential,
+                "prequential": self._prequential(state),
                 # teacher-forced NLL of the reference answers under the method's final state (lower is better)
                 "nll_matrix": nll.tolist(), "final_answer_nll": float(np.mean(nll[-1])),
                 "scores": {name: {"a_last": M.final_accuracy(per_score[name]),
@@ -485,7 +498,7 @@ def render_lm(run_dir: Path, metrics: dict) -> None:
         for name, r in metrics["runs"].items():
             s = r["summary"]
             a_mean = "" if s.get("a_mean") is None else f"{s['a_mean']:.4f}"
-            preq = _prequential(r)
+            preq = _prequential_accuracy(r)
             writer.writerow([name, r["method"], r["budget_bytes"] or "", f"{s['a_last']:.4f}", f"{s['bwt']:.4f}",
                              a_mean, "" if preq is None else f"{preq:.4f}",
                              f"{r['final_answer_nll']:.3f}",
@@ -493,8 +506,10 @@ def render_lm(run_dir: Path, metrics: dict) -> None:
                              f"{r['wall_seconds']['total']:.1f}"])
     for name, r in metrics["runs"].items():
         view = {"acc_matrix": r["acc_matrix"], "visits": list(range(len(metrics["tasks"]))), "method": name,
-                "dataset": "+".join(metrics["tasks"]), "seed": metrics["seed"]}
+                "dataset": "+".join(metrics["tasks"]), "seed": metrics["seed"], "prequential": r.get("prequential")}
         report.write_matrix(run_dir, view, prefix=f"{name.replace('@', '_')}_")
+        if (r.get("prequential") or {}).get("rows"):
+            report.prequential_chart(view, run_dir / f"{name.replace('@', '_')}_prequential.png")
     _headline_chart(metrics, run_dir / "a_last_bwt.png")
 
 
@@ -516,7 +531,7 @@ def _headline_chart(metrics: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _prequential(run: dict) -> float | None:
+def _prequential_accuracy(run: dict) -> float | None:
     """A run's prequential accuracy (None in a run folder written before runs had one)."""
     return run.get("prequential", {}).get("accuracy")
 
@@ -538,7 +553,7 @@ def summary_table(metrics: dict) -> str:
         cells = " ".join(f"{100 * v:12.1f}" for v in final)
         mem = ", ".join(f"{k} {v:,}" for k, v in r["memory_bytes"].items()) or "-"
         s = r["summary"]
-        preq = _prequential(r)
+        preq = _prequential_accuracy(r)
         scores = (f"{100 * s['a_last']:6.1f} {100 * s['bwt']:7.1f} {'-' if preq is None else f'{100 * preq:.1f}':>6} "
                   f"{r['final_answer_nll']:6.2f}")
         lines.append(f"{name:<{width}} {scores}  {cells}   {mem}")

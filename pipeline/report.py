@@ -27,7 +27,7 @@ def render(run_dir: Path, metrics: dict) -> None:
     if "slots" in metrics:  # the "features" family's slot memory
         _slots(metrics, run_dir / "slots.png")
     if (metrics.get("prequential") or {}).get("rows"):
-        _prequential(metrics, run_dir / "prequential.png")
+        prequential_chart(metrics, run_dir / "prequential.png")
 
 
 def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
@@ -110,8 +110,9 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _prequential(metrics: dict, path: Path) -> None:
-    """Test-then-train accuracy over the stream: overall so far and over the last `window` rows, after each round."""
+def prequential_chart(metrics: dict, path: Path) -> None:
+    """Test-then-train accuracy over the stream: overall so far and over the last `window` rows, after each round
+    (`metrics`: a run's, with its `prequential`; an LM run's has no near-future accuracy)."""
     prequential = metrics["prequential"]
     curve = [p for p in prequential["curve"] if p["accuracy"] is not None]
     fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -123,8 +124,9 @@ def _prequential(metrics: dict, path: Path) -> None:
     ax.set_ylabel("test-then-train accuracy")
     accuracy_axis(ax, np.array(overall + window))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-    ax.set_title(f"{_title(metrics)}; near-future (k={prequential['near_future']}) "
-                 f"{100 * prequential['near_future_accuracy']:.1f}", fontsize=9)
+    near = prequential.get("near_future_accuracy")
+    ax.set_title(_title(metrics) + ("" if near is None else f"; near-future (k={prequential['near_future']}) "
+                                    f"{100 * near:.1f}"), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

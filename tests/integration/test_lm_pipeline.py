@@ -66,6 +66,32 @@ def test_run_folder_holds_every_run_side_by_side(zero_step):
         assert Path(folder, name).exists(), name
 
 
+def _training_answers(metrics) -> list[dict]:
+    """The training pairs' records in predictions.jsonl, in stream order: answered before they were learned."""
+    rows = [json.loads(line) for line in Path(metrics["run_dir"], "predictions.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["split"] == "train"]
+
+
+def test_prequential_accuracy_scores_every_training_pair_as_answered_before_it_was_learned(actors, tmp_path,
+                                                                                          zero_step):
+    answers = _training_answers(zero_step)
+    for name, r in zero_step["runs"].items():
+        mine = [a for a in answers if a["run"] == name]
+        preq = r["prequential"]
+        assert len(mine) == preq["rows"] == 18 and [p["rows"] for p in preq["curve"]] == [6, 12, 18], name
+        assert preq["accuracy"] == pytest.approx(np.mean([a["exact"] for a in mine])), name
+        for task, value in preq["per_task"].items():
+            assert value == pytest.approx(np.mean([a["exact"] for a in mine if zero_step["tasks"][a["task"]] == task]))
+    cfg = config(0.0, methods=("nearest-answer",), budgets=(4096,))  # a copier: some answers right, some wrong
+    short = run(replace(cfg, runtime=replace(cfg.runtime, prequential=replace(cfg.runtime.prequential, window=4))),
+                run_dir=tmp_path, actors=actors).metrics
+    scores = [a["exact"] for a in _training_answers(short)]
+    preq = short["runs"]["nearest-answer@4KiB"]["prequential"]
+    assert 0 < np.mean(scores) < 1 and preq["window_accuracy"] == pytest.approx(np.mean(scores[-4:]))
+    assert [p["window"] for p in preq["curve"]] == pytest.approx([np.mean(scores[:n][-4:]) for n in (6, 12, 18)])
+    assert Path(short["run_dir"], "nearest-answer_4KiB_prequential.png").stat().st_size > 0
+
+
 def test_memory_methods_stay_within_their_budget_after_every_task(zero_step):
     for name, r in zero_step["runs"].items():
         if r["budget_bytes"] is None:
