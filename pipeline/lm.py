@@ -22,10 +22,10 @@ prequential accuracy.
 
 Writes a run folder: config.yaml, runs/<run>/ (each run's checkpoints and metrics.json), metrics.json (per run:
 accuracy matrix, its summary (A_last, the MIITA paper's OP; BWT), prequential accuracy, memory bytes after every task,
-wall seconds),
-results.csv (one row per run), <run>_acc_matrix.{csv,png}, <run>_acc_over_time.png, a_last_bwt.png and
-predictions.jsonl (every generated answer: `split` "test", the test pairs answered after task `after_task`; "train",
-the training pairs answered before they were learned, `after_task` the last task learned before theirs).
+wall seconds), results.csv (one row per run), <run>_acc_matrix.{csv,png}, <run>_acc_over_time.png,
+<run>_prequential.png, a_last_bwt.png and predictions.jsonl (every generated answer: `split` "test", the test pairs
+answered after task `after_task`; "train", the training pairs answered before they were learned, `after_task` the
+last task learned before theirs).
 """
 
 from __future__ import annotations
@@ -490,7 +490,8 @@ def write_lm_run(run_dir: Path, metrics: dict, predictions: list[dict]) -> None:
 
 
 def render_lm(run_dir: Path, metrics: dict) -> None:
-    """results.csv, the accuracy matrix files of every run and the A_last/BWT chart, from a metrics dict."""
+    """results.csv, the accuracy matrix files and prequential chart of every run and the A_last/BWT chart, from a
+    metrics dict."""
     with open(run_dir / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "method", "budget_bytes", "a_last", "bwt", "a_mean", "prequential",
@@ -509,7 +510,7 @@ def render_lm(run_dir: Path, metrics: dict) -> None:
                 "dataset": "+".join(metrics["tasks"]), "seed": metrics["seed"], "prequential": r.get("prequential")}
         report.write_matrix(run_dir, view, prefix=f"{name.replace('@', '_')}_")
         if (r.get("prequential") or {}).get("rows"):
-            report.prequential_chart(view, run_dir / f"{name.replace('@', '_')}_prequential.png")
+            report.prequential_chart(view, run_dir / f"{name.replace('@', '_')}_prequential.png", "training pairs")
     _headline_chart(metrics, run_dir / "a_last_bwt.png")
 
 

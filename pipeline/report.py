@@ -110,17 +110,19 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def prequential_chart(metrics: dict, path: Path) -> None:
+def prequential_chart(metrics: dict, path: Path, rows: str = "labelled training rows") -> None:
     """Test-then-train accuracy over the stream: overall so far and over the last `window` rows, after each round
-    (`metrics`: a run's, with its `prequential`; an LM run's has no near-future accuracy)."""
+    (`metrics`: a run's, with its `prequential`; an LM run's has no near-future accuracy); `rows`: what was
+    predicted (an LM run's training pairs)."""
     prequential = metrics["prequential"]
     curve = [p for p in prequential["curve"] if p["accuracy"] is not None]
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    rows = [p["rows"] for p in curve]
+    done = [p["rows"] for p in curve]
     overall, window = [p["accuracy"] for p in curve], [p["window"] for p in curve]
-    ax.plot(rows, overall, "k-", lw=2, label="prequential, so far")
-    ax.plot(rows, window, "-", lw=1.2, label=f"last {prequential['window']} rows")
-    ax.set_xlabel("labelled training rows predicted")
+    ax.plot(done, overall, "k-", lw=2, label="prequential, so far")
+    if prequential["window"] < done[-1]:  # else the window holds every row so far: the same line
+        ax.plot(done, window, "-", lw=1.2, label=f"last {prequential['window']} {rows.split()[-1]}")
+    ax.set_xlabel(f"{rows} predicted")
     ax.set_ylabel("test-then-train accuracy")
     accuracy_axis(ax, np.array(overall + window))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))

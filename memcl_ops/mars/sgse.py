@@ -228,9 +228,9 @@ def nearest_distances(z: np.ndarray, rows: np.ndarray, row_norms: np.ndarray, st
 def nearest_distances_on(z: np.ndarray, rows: torch.Tensor, row_norms: torch.Tensor, groups: torch.Tensor,
                          count: int) -> np.ndarray:
     """`nearest_distances` with torch where `rows` live (a GPU): `groups` gives each row's group (of `count`)."""
-    x = torch.from_numpy(np.ascontiguousarray(z, dtype=np.float32)).to(rows.device)
+    x = torch.from_numpy(np.ascontiguousarray(z)).to(rows.device, rows.dtype)
     squared = (x * x).sum(1, keepdim=True) + row_norms[None, :] - 2.0 * x @ rows.T
-    nearest = torch.full((len(x), count), math.inf, device=rows.device)
+    nearest = torch.full((len(x), count), math.inf, device=rows.device, dtype=squared.dtype)
     nearest = nearest.scatter_reduce(1, groups.expand(len(x), -1), squared, "amin")
     return nearest.clamp_min(0.0).sqrt().cpu().numpy()
 
@@ -324,7 +324,7 @@ class ReferenceSignal:
         scale = (1 + self.config.slack) * np.array([self.references[j].radius for j in active])
         norms = (stacked * stacked).sum(1)
         on_device = None
-        if self.device is not None and active:  # the banks copied over once per change, not per batch
+        if self.device is not None and active:  # the banks copied over when a block has changed them
             groups = np.repeat(np.arange(len(banks)), [len(b) for b in banks])
             on_device = (torch.from_numpy(stacked).to(self.device), torch.from_numpy(norms).to(self.device),
                          torch.from_numpy(groups).to(self.device))

@@ -175,6 +175,8 @@ def test_distances_on_a_torch_device_give_the_numpy_decisions():
             rows = x[a:a + 100]
             if numpy_path.signal.references:
                 np.testing.assert_allclose(torch_path.signal.scores(rows), numpy_path.signal.scores(rows), rtol=1e-4)
+                active, *_, on_device = torch_path.signal._stacked
+                assert on_device is not None or not active  # the torch path scored them
             for monitor in (numpy_path, torch_path):
                 monitor.observe(np.zeros(len(rows)), rows)
     assert numpy_path.expansions >= 3 and torch_path.test_steps == numpy_path.test_steps
