@@ -265,7 +265,7 @@ class LMPipeline:
         task = batches[0][0]
         t0 = time.perf_counter()
         learned, answered, answering = self.learn(task, on_batch, bars)
-        prequential, _, answered_rows = score(answered, ctx.tasks[task], "train")
+        _, _, answered_rows = score(answered, ctx.tasks[task], "train")
         t1 = time.perf_counter()
         rt = ctx.config.runtime
         schedule = Schedule(False, len(ctx.tasks), rt.evaluate_every, rt.evaluate_window)
@@ -298,8 +298,7 @@ class LMPipeline:
                             {"learn": t1 - t0 - answering, "prequential": answering,
                              "evaluate": time.perf_counter() - t1},
                             {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
-                             "scores": scores, "predictions": predictions,
-                             "prequential": prequential})
+                             "scores": scores, "predictions": predictions})
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.ctx.forget_calls()
@@ -331,8 +330,7 @@ class LMPipeline:
         curve, per_task = [], {}
         for entry in state.round_log:
             task = self.ctx.tasks[int(entry["task"])]
-            headline = "rouge_l" if task.metric == "rouge-l" else "exact"
-            mine = [float(p[headline]) for p in entry["predictions"] if p.get("split") == "train"]
+            mine = [float(p[headline(task)]) for p in entry["predictions"] if p.get("split") == "train"]
             if mine:
                 per_task[task.name] = float(np.mean(mine))
             scores += mine
@@ -384,9 +382,13 @@ def score(predictions: list[pa.RecordBatch], task: TextTask, split: str = "test"
                          "correct": bool(scores["exact"]), **scores, "answer_nll": nll, "prompt_tokens": read})
     if not rows:
         return float("nan"), float("nan"), rows
-    headline = "rouge_l" if task.metric == "rouge-l" else "exact"
     nll = [r["answer_nll"] for r in rows if np.isfinite(r["answer_nll"])]  # a copying baseline scores no NLL
-    return float(np.mean([r[headline] for r in rows])), float(np.mean(nll)) if nll else float("nan"), rows
+    return float(np.mean([r[headline(task)] for r in rows])), float(np.mean(nll)) if nll else float("nan"), rows
+
+
+def headline(task: TextTask) -> str:
+    """The score that is a task's accuracy: exact match, or ROUGE-L on a free-text task."""
+    return "rouge_l" if task.metric == "rouge-l" else "exact"
 
 
 @dataclass(frozen=True)
