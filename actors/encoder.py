@@ -33,9 +33,14 @@ class Encoder:
         self.encoder = build_encoder(spec, payload)
         self.args = (spec, payload, threads)
 
+    @property
+    def device(self) -> torch.device:
+        """Where this replica encodes, and sums analytic statistics (precomputed features: the CPU)."""
+        return torch.device(getattr(self.encoder, "device", "cpu"))
+
     def info(self) -> dict:
         return {"id": self.encoder.id, "dim": self.encoder.dim, "payload": self.encoder.payload,
-                "device": str(getattr(self.encoder, "device", "cpu")), "node": ray.get_runtime_context().get_node_id()}
+                "device": str(self.device), "node": ray.get_runtime_context().get_node_id()}
 
     @ray.method(num_returns=2)
     def encode(self, batch: pa.RecordBatch | None, accumulate: bool = False) -> tuple[pa.RecordBatch | None, pa.Table]:
@@ -67,8 +72,9 @@ class Encoder:
 
     def use_statistics(self, config: AnalyticConfig, seed: int) -> None:
         """Sum an analytic head's statistics (its feature map: `config`, `seed`) of the batches encoded with
-        `accumulate`, starting from zero."""
+        `accumulate`, starting from zero, on this replica's device (the same integers as on the CPU)."""
         self.partial = AnalyticHead(self.encoder.dim, config, seed)
+        self.partial.to(self.device)
 
     def take_statistics(self) -> dict[str, np.ndarray]:
         """The partial statistics summed since the last take (then zero again), for the MemoryManager to merge."""

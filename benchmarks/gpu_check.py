@@ -8,8 +8,10 @@ bracketed by torch.cuda.synchronize()):
   vs two replicas sharing the GPU (`num_gpus` 0.5 each) through the pipeline's EncoderPool, fed the same raw batch
   by reference;
 * the MARS learner (`build_learner("mars", ...)`) on random class-structured features: observe (routing, anchor
-  statistics, SGSE) and consolidate (DCDA stage 1 on the learner's device, stage 2 on the CPU), on the GPU and on
-  the CPU;
+  statistics, SGSE) and consolidate (DCDA stages 1 and 2 on the learner's device), on the GPU and on the CPU;
+* the baselines' trained heads (DER++, EWC, joint) and an analytic head (analytic-rp) on the learner's device over
+  two tasks: each consolidation's throughput there, and what it learned against the same learner on the CPU (the
+  share of test rows both predict alike; the analytic statistics must be the CPU's bit for bit);
 * greedy decoding of a causal LM, plain and with MIITA's gated temporary update (a direction memory written from
   the same prompts, so the gate opens); SmolLM2-135M-Instruct when its weights are installed, else the same
   architecture with random weights (the speed is the architecture's);
@@ -20,7 +22,7 @@ bracketed by torch.cuda.synchronize()):
 
     python benchmarks/gpu_check.py           # full sizes on CUDA; tiny sizes when there is no CUDA
     python benchmarks/gpu_check.py --tiny    # tiny encoders, LM and sizes, a few iterations (the CPU check)
-    python benchmarks/gpu_check.py --only encoder lm   # some case groups: encoder, mars, roles, lm, nsr
+    python benchmarks/gpu_check.py --only encoder lm   # some case groups: encoder, mars, heads, roles, lm, nsr
 
 On a GPU host without a package registry (its own python3 with torch, plus what benchmarks/gpu_site.sh
 packed here into .whl/gpu_site.tar.xz, carried along):
@@ -73,7 +75,7 @@ from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.nsr.adapter import ArrivalPlan, NSRConfig
 from memcl_ops.training import OptimConfig
 
-GROUPS = ("encoder", "mars", "roles", "lm", "nsr")
+GROUPS = ("encoder", "mars", "heads", "roles", "lm", "nsr")
 
 
 @dataclass(frozen=True)
@@ -261,10 +263,53 @@ def mars_rows(sizes: Sizes, device: str) -> list[Row]:
     rows = []
     for variant, seconds, note in (
             ("observe", observe, "route + anchor stats + SGSE"),
-            ("consolidate", consolidate, f"DCDA stage 1 ({stage1} ep) on {device}, stage 2 ({stage2} ep) on cpu")):
+            ("consolidate", consolidate, f"DCDA stage 1 ({stage1} ep) and stage 2 ({stage2} ep) on {device}")):
         median = statistics.median(seconds)
         rows.append(Row("MARS learner", variant, device, sizes.mars_batch, sizes.mars_rows / median, "samples/s",
                         median, sizes.repeats, f"dim {sizes.mars_dim}, {sizes.mars_rows} rows; {note}"))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ heads
+
+HEAD_METHODS = ("derpp", "ewc", "joint", "analytic-rp")
+
+
+def learned_heads(method: str, sizes: Sizes, device: str) -> tuple[list[float], np.ndarray, dict[str, np.ndarray]]:
+    """(seconds of each task's consolidation, predictions on every batch, the learner's state) for `method` on
+    `device` over two tasks of two classes each."""
+    config = MethodConfig(stage2=Stage2Config(optim=OptimConfig(epochs=sizes.mars_epochs[1])))
+    batches = feature_batches(sizes)
+    learner = build_learner(method, config, feature_dim=sizes.mars_dim, device=device)
+    seconds = []
+    for task, classes in enumerate(((0, 1), (2, 3))):
+        learner.begin_round(Round(task, task, classes))
+        for batch in batches:
+            rows = np.isin(S.labels_to_numpy(batch), classes)
+            learner.observe(batch.filter(pa.array(rows)))
+        synchronize(device)
+        start = time.perf_counter()
+        learner.consolidate()
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return seconds, np.concatenate([learner.predict(b) for b in batches]), learner.state()
+
+
+def head_rows(sizes: Sizes, device: str) -> list[Row]:
+    rows = []
+    for method in HEAD_METHODS:
+        runs = [learned_heads(method, sizes, device) for _ in range(sizes.warmup + sizes.repeats)]
+        seconds = [sum(run[0]) for run in runs[sizes.warmup:]]
+        _, predicted, state = runs[-1]
+        _, on_cpu, cpu_state = learned_heads(method, sizes, "cpu")  # on the CPU too: a learner apart, the same work
+        note = f"{100 * float(np.mean(predicted == on_cpu)):.1f}% of rows predicted as on the CPU"
+        sums = [k for k in state if ".stats." in k]
+        if sums:
+            same = all(np.array_equal(state[k], cpu_state[k]) for k in sums)
+            note += f"; statistics {'bit for bit' if same else 'NOT'} the CPU's"
+        median = statistics.median(seconds)
+        rows.append(Row("head", f"{method} consolidate", device, sizes.mars_batch, sizes.mars_rows / median,
+                        "samples/s", median, sizes.repeats, f"dim {sizes.mars_dim}, 2 tasks; {note}"))
     return rows
 
 
@@ -424,6 +469,8 @@ def run_cases(sizes: Sizes, device: str, groups: tuple[str, ...] = GROUPS) -> li
     if "mars" in groups:
         for where in dict.fromkeys((device, "cpu")):
             rows += mars_rows(sizes, where)
+    if "heads" in groups:
+        rows += head_rows(sizes, device)
     if "roles" in groups:
         rows += placed_role_rows(sizes, device)
     if "lm" in groups:
@@ -434,7 +481,8 @@ def run_cases(sizes: Sizes, device: str, groups: tuple[str, ...] = GROUPS) -> li
 
 
 def expected_rows(device: str, groups: tuple[str, ...] = GROUPS) -> int:
-    per_group = {"encoder": 6, "mars": 2 * (2 if device.startswith("cuda") else 1), "roles": len(PLACED_ROLES),
+    per_group = {"encoder": 6, "mars": 2 * (2 if device.startswith("cuda") else 1), "heads": len(HEAD_METHODS),
+                 "roles": len(PLACED_ROLES),
                  "lm": 2, "nsr": 3}
     return sum(per_group[g] for g in groups)
 

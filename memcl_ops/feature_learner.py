@@ -7,9 +7,10 @@ objects: what `memcl run` computes, without Ray.
 * `consolidate`: the block's batches predicted by the head as it stands (test-then-train, returned as the report's
   "prequential" table), then DCDA stage 1 on the block, then the head and its task-end snapshot.
 
-`near_future`: the k of near-future accuracy (memcl_ops/prequential.py). `device`: where the slot memory routes
-and DCDA stage 1 train (benchmarks/gpu_check.py); the head stays on the CPU, as stage 2 and the teacher snapshots
-(memcl_ops/mars/dcda.py) build their tensors there.
+`near_future`: the k of near-future accuracy (memcl_ops/prequential.py). `device`: where the slot memory routes,
+SGSE measures, DCDA stage 1 trains and stage 2's epochs run (an analytic head: where it sums its statistics); the
+head is kept and predicts on the CPU, where stage 2 builds its inputs and the teacher snapshots
+(memcl_ops/mars/dcda.py) theirs.
 """
 
 from __future__ import annotations

@@ -168,13 +168,16 @@ def apply_memory(router: FeatureMemory | None, h: torch.Tensor) -> torch.Tensor:
 def train_stage2(head: GrowingLinearHead, router: FeatureMemory | None, features: torch.Tensor, labels: torch.Tensor,
                  teacher: Teacher | None, config: Stage2Config = Stage2Config(), *, seed: int = 0,
                  extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 routed: MemoryOutput | None = None, new_classes: list[int] = ()) -> list[float]:
+                 routed: MemoryOutput | None = None, new_classes: list[int] = (),
+                 device: torch.device | None = None) -> list[float]:
     """Train the classifier in place on h̃ of the frozen memory; returns the mean loss per epoch.
 
     The head must already have columns for `labels` (`head.grow`; `new_classes`: the labels it just added, started
     as `config.new_class_init` says). `extra_loss(minibatch indices)` is added to every minibatch's loss: the hook
     through which the baselines add their own term (EWC's penalty, DER++'s replay) to the same CE objective and
-    loop. `routed`: `router(features)` if the caller has it already.
+    loop. `routed`: `router(features)` if the caller has it already. `device`: where the epochs run (None: the
+    CPU): the loop's tensors and the head go there and the head comes back to the CPU after, where it predicts and
+    is checkpointed; `extra_loss` must compute there too.
     """
     with torch.no_grad():
         if router is not None and routed is None:
@@ -183,10 +186,11 @@ def train_stage2(head: GrowingLinearHead, router: FeatureMemory | None, features
         if config.new_class_init == "prototype":
             start_at_prototypes(head, h_tilde, labels, list(new_classes), config.init_scale)
         targets = head.columns(labels)
+        ce_columns = None
         if config.ce_scope == "current":
             ce_columns = torch.unique(targets)
             targets = torch.searchsorted(ce_columns, targets)
-        lwf_logits = anchors = anchor_logits = anchor_targets = kd_weight = None
+        lwf_logits = anchors = anchor_logits = anchor_targets = labelled = weight = kd_weight = None
         if teacher is not None and teacher.head_state["classes"].size:
             old_head = teacher.head(head.feature_dim)
             teacher_router = None if config.lwf_teacher_memory == "current" else teacher.router(router)
@@ -203,6 +207,12 @@ def train_stage2(head: GrowingLinearHead, router: FeatureMemory | None, features
                                           config.anchor_weighting)
             # the KD's points weighed the same way when every anchor has a class (slot anchors: uniform)
             kd_weight = weight if config.anchor_weighting == "class" and has_class.all() else None
+    if device is not None and device.type != "cpu":
+        (h_tilde, targets, ce_columns, lwf_logits, anchors, anchor_logits, anchor_targets, labelled, weight,
+         kd_weight) = (None if t is None else t.to(device) for t in (
+            h_tilde, targets, ce_columns, lwf_logits, anchors, anchor_logits, anchor_targets, labelled, weight,
+            kd_weight))
+        head.to(device)
     T = config.temperature
     anchor_kd = old_class_kd_full if config.anchor_scope == "all" else old_class_kd
 
@@ -222,4 +232,7 @@ def train_stage2(head: GrowingLinearHead, router: FeatureMemory | None, features
             loss = loss + extra_loss(idx)
         return loss
 
-    return optimize(head.parameters(), loss_on, len(features), config.optim, seed)
+    try:
+        return optimize(head.parameters(), loss_on, len(features), config.optim, seed)
+    finally:
+        head.to("cpu")

@@ -127,7 +127,8 @@ class ActorCache:
         return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_pid) for r in roles])))
 
     def placement(self, roles: list[str]) -> dict[str, dict]:
-        """Per role: the node its actor runs on, the Ray resources and GPU ids assigned to it, and so its device."""
+        """Per role: the node its actor runs on, the Ray resources and GPU ids assigned to it, and the device the role
+        computes on."""
         return dict(zip(roles, ray.get([self.handle(r).__ray_call__.remote(_placement) for r in roles])))
 
     def keep_only(self, kind: str, roles: list[str]) -> None:
@@ -153,7 +154,8 @@ def _pid(actor) -> int:  # run in an actor by `__ray_call__`, which passes the a
 
 
 def _placement(actor) -> dict:  # run in an actor by `__ray_call__`
+    """The device is the one the role resolved and computes on (a role with none, the stream source: the CPU)."""
     context = ray.get_runtime_context()
-    gpus = context.get_accelerator_ids().get("GPU", [])
     return {"node": context.get_node_id(), "resources": context.get_assigned_resources(),
-            "gpus": list(gpus), "device": "cuda" if gpus else "cpu"}
+            "gpus": list(context.get_accelerator_ids().get("GPU", [])),
+            "device": str(getattr(actor, "device", "cpu"))}

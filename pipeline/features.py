@@ -78,7 +78,7 @@ class FeaturePipeline:
         self.merges = spec.mergeable and self.inline and method.analytic.accumulate_in == "encoders"
         names = ["source"]
         # each role computes where its placement put it: a GPU only where Ray assigned it one
-        devices = {role: rt.device(role) for role in ("memory", "monitor", "stage1")}
+        devices = {role: rt.device(role) for role in ("memory", "monitor", "stage1", "stage2")}
         plan = role_plan(spec, config.method, info.feature_dim, config.seed, merges=self.merges,
                          threads=rt.actor_threads, devices=devices, near_future=rt.prequential.near_future)
         for role, (_, args) in plan.items():

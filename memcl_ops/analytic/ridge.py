@@ -123,17 +123,31 @@ class AnalyticConfig:
                              f"got {self.selection_samples}, {self.holdout_fraction}, {self.reproject_ridge}")
 
 
+def exact_matmul(a: np.ndarray, b: np.ndarray, device: torch.device | None = None,
+                 b_on_device: torch.Tensor | None = None) -> np.ndarray:
+    """a @ b of integer-valued float64 arrays whose partial sums all stay below 2^53: the exact integers in any
+    summation order, so a product on `device` (a GPU) is numpy's bit for bit (None: numpy on the CPU).
+    `b_on_device`: b already copied there."""
+    if device is None:
+        return a @ b
+    right = b_on_device if b_on_device is not None else torch.from_numpy(b).to(device)
+    return (torch.from_numpy(a).to(device) @ right).cpu().numpy()
+
+
 class FeatureMap:
     """φ(h) in exact fixed point: integer-valued float64 arrays in units of 2^-s (`fraction_bits`).
 
     With `expansion_dim` M > 0, φ(h) = ReLU(Rᵀh) with R ~ N(0, 1/D) up to a power of two, fixed by `seed`
     (RanPAC's random expansion); the product is computed on integers (h in units of 2^-s, R in units of
-    2^-r), so it is exact and each sample's φ is independent of the batch it came in.
+    2^-r), so it is exact and each sample's φ is independent of the batch it came in, and of the device that
+    multiplied (`to`).
     """
 
     def __init__(self, input_dim: int, config: AnalyticConfig, seed: int):
         self.input_dim, self.config, self.seed = input_dim, config, seed
         self.unit = 2.0**config.fraction_bits
+        self.device: torch.device | None = None  # where R multiplies (None: numpy)
+        self.projection_on_device: torch.Tensor | None = None
         self.projection: np.ndarray | None = None
         if config.expansion_dim:
             gen = np.random.default_rng([seed, input_dim, config.expansion_dim])
@@ -142,6 +156,12 @@ class FeatureMap:
             self.projection_max = float(np.abs(self.projection).max())
             # back to units of 2^-s: undo R's 2^r and scale by ~1/sqrt(D), both powers of two (exact)
             self.rescale = 2.0 ** -(config.projection_bits + round(np.log2(np.sqrt(input_dim))))
+
+    def to(self, device: torch.device | None) -> None:
+        """Multiply by R with torch on `device` (None: numpy), R copied there once."""
+        self.device = device
+        self.projection_on_device = (torch.from_numpy(self.projection).to(self.device)
+                                     if self.device is not None and self.projection is not None else None)
 
     @property
     def dim(self) -> int:
@@ -166,7 +186,8 @@ class FeatureMap:
                 raise OverflowError(f"a feature row of L1 norm {worst / self.projection_max / self.unit:.3g} is too "
                                     f"large for an exact projection at analytic.fraction_bits = "
                                     f"{self.config.fraction_bits}; lower it")
-            q = np.rint(np.maximum(q @ self.projection, 0.0) * self.rescale)
+            q = np.rint(np.maximum(exact_matmul(q, self.projection, self.device, self.projection_on_device), 0.0)
+                        * self.rescale)
         if self.config.bias:
             q = np.concatenate([q, np.full((len(q), 1), self.unit)], axis=1)
         return q
@@ -217,8 +238,9 @@ class RidgeStatistics:
             raise OverflowError(f"the analytic statistics would exceed the exact int64 range after {self.count} "
                                 "samples; lower analytic.fraction_bits")
 
-    def add(self, q: np.ndarray, labels: np.ndarray, sign: int = 1) -> None:
-        """Fold rows q (integer-valued float64 from `FeatureMap`) with their labels in (sign = -1 takes them out)."""
+    def add(self, q: np.ndarray, labels: np.ndarray, sign: int = 1, device: torch.device | None = None) -> None:
+        """Fold rows q (integer-valued float64 from `FeatureMap`) with their labels in (sign = -1 takes them out);
+        the products on `device` (None: numpy), the same integers wherever."""
         labels = np.asarray(labels, np.int64)
         if q.shape != (len(labels), self.dim):
             raise ValueError(f"statistics of dim {self.dim} need q of shape (N, {self.dim}) and N labels, got "
@@ -229,10 +251,10 @@ class RidgeStatistics:
         onehot = (labels[:, None] == self.classes[None, :]).astype(np.float64)
         for rows in _exact_gram_chunks(q):
             part = q[rows]
-            gram = (part.T @ part).astype(np.int64)
+            gram = exact_matmul(part.T, part, device).astype(np.int64)
             self._check_headroom(gram.diagonal())
             self.gram += sign * gram
-            self.targets += sign * (part.T @ onehot[rows]).astype(np.int64)
+            self.targets += sign * exact_matmul(part.T, onehot[rows], device).astype(np.int64)
         self.count += sign * len(labels)
 
     def merge(self, other: RidgeStatistics) -> None:
@@ -415,10 +437,15 @@ class AnalyticHead:
         self.mean_directions = np.zeros((self.feature_map.dim - 1, 0))
         self.mean_offsets = np.zeros(0)
 
+    def to(self, device: torch.device | None) -> None:
+        """Sum the statistics (and expand the features) on `device` (None or the CPU: numpy); the sums are the
+        same integers wherever, solving stays on the CPU."""
+        self.feature_map.to(None if device is None or device.type == "cpu" else device)
+
     def update(self, features: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor) -> None:
         """Sum a block in, after forgetting the sums so far by the block's size (`half_life`; none at 0)."""
         block = RidgeStatistics(self.stats.dim)
-        block.add(self.feature_map(features), np.asarray(labels))
+        block.add(self.feature_map(features), np.asarray(labels), device=self.feature_map.device)
         self.stats.absorb(block, self.config.half_life)
 
     def take_statistics(self) -> RidgeStatistics:
@@ -489,7 +516,7 @@ class AnalyticHead:
         if cfg.lambda_selection == "holdout":
             order = order[:max(1, round(cfg.holdout_fraction * len(labels)))]
             fit = self.stats.copy()
-            fit.add(self.feature_map(features[order]), labels[order], sign=-1)
+            fit.add(self.feature_map(features[order]), labels[order], sign=-1, device=self.feature_map.device)
         scored = order[:cfg.selection_samples]
         x = torch.from_numpy(self.feature_map.to_float(self.feature_map(features[scored])))
         y = torch.from_numpy((labels[scored][:, None] == self.stats.classes[None, :]).astype(np.float64))
@@ -638,6 +665,10 @@ class AnalyticLearner:
         self.fits = 0
         self.seen = 0  # samples summed so far
         self.reservoir = Reservoir(config.selection_samples, config.half_life)  # "reservoir" selection only
+
+    def to(self, device: torch.device) -> None:
+        """Sum the statistics on `device` (the Stage2Trainer's): the same integers as on the CPU."""
+        self.head.to(device)
 
     def _train_inputs(self, features: torch.Tensor, memory: FeatureMemory | None) -> torch.Tensor:
         if memory is None:

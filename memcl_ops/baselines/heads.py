@@ -46,12 +46,18 @@ class _TrainedLinearHead:
         self.stage2, self.seed = stage2, seed
         self.head = GrowingLinearHead(feature_dim)
         self.fits = 0
+        self.device = torch.device("cpu")  # where its epochs run
+
+    def to(self, device: torch.device) -> None:
+        """Train on `device` (its state and predictions stay on the CPU)."""
+        self.device = device
 
     def _train(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None,
                extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
                new_classes: list[int] = ()) -> dict[str, float]:
         history = train_stage2(self.head, memory, features, labels, None, self.stage2,
-                               seed=self.seed * 100_003 + self.fits, extra_loss=extra_loss, new_classes=new_classes)
+                               seed=self.seed * 100_003 + self.fits, extra_loss=extra_loss, new_classes=new_classes,
+                               device=self.device)
         self.fits += 1
         return {"loss_first": history[0], "loss_last": history[-1]} if history else {}
 
@@ -107,17 +113,21 @@ class EWCHead(_TrainedLinearHead):
         self.pending: dict[str, torch.Tensor] = {}  # Fisher of the current task, sample-weighted sum until end_task
         self.pending_count = 0
 
-    def _penalty(self, _idx: torch.Tensor) -> torch.Tensor:
-        total = self.head.weight.sum() * 0.0
-        for name, param in (("weight", self.head.weight), ("bias", self.head.bias)):
-            rows = param.shape[0]
-            fisher, anchor = _pad_rows(self.fisher[name], rows), _pad_rows(self.anchor[name], rows)
-            total = total + (fisher * (param - anchor).pow(2)).sum()
-        return 0.5 * self.config.lam * total
+    def _penalty(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """λ/2 Σ F̃ (θ − θ*)², F̃ and θ* padded to the head's rows and copied to where it trains once per fit."""
+        rows = self.head.num_classes
+        fisher, anchor = ({name: _pad_rows(t[name], rows).to(self.device) for name in ("weight", "bias")}
+                          for t in (self.fisher, self.anchor))
+
+        def penalty(_idx: torch.Tensor) -> torch.Tensor:
+            total = sum((fisher[name] * (param - anchor[name]).pow(2)).sum()
+                        for name, param in (("weight", self.head.weight), ("bias", self.head.bias)))
+            return 0.5 * self.config.lam * total
+        return penalty
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
         new_classes = self.head.grow(labels)
-        losses = self._train(features, labels, memory, self._penalty if self.fisher else None, new_classes)
+        losses = self._train(features, labels, memory, self._penalty() if self.fisher else None, new_classes)
         fisher_w, fisher_b = linear_head_fisher(self.head, apply_memory(memory, features).detach(), labels)
         n = len(labels)
         rows = self.head.num_classes
@@ -256,6 +266,8 @@ class DERppHead(_TrainedLinearHead):
                 replay_targets = self.head.columns(torch.from_numpy(self.buffer.labels))
             stored = torch.from_numpy(self.buffer.logits)
             real = torch.arange(stored.shape[1])[None, :] < torch.from_numpy(self.buffer.widths)[:, None]
+            replay_h, replay_targets, stored, real = (t.to(self.device) for t in (replay_h, replay_targets, stored,
+                                                                                  real))
             generator = torch.Generator().manual_seed(self.seed * 100_003 + self.fits + 1)
             k = self.stage2.optim.batch_size
 

@@ -30,6 +30,11 @@ class DistillHead:
         anchored = bool(config.lambda_anchor or config.lambda_anchor_ce)
         self.class_anchors = ClassAnchors(feature_dim) if config.anchor_points == "slot-class" and anchored else None
         self.gaussians = ClassGaussians(feature_dim, config.gaussian_rank) if config.lambda_gaussian else None
+        self.device: torch.device | None = None  # where its epochs run (None: the CPU)
+
+    def to(self, device: torch.device) -> None:
+        """Train on `device` (its state and predictions stay on the CPU)."""
+        self.device = device
 
     @property
     def distills(self) -> bool:
@@ -43,7 +48,7 @@ class DistillHead:
         new_classes = self.head.grow(labels)
         history = train_stage2(self.head, memory, features, labels, self.teacher, self.config,
                                seed=self.seed * 100_003 + self.fits, routed=routed, new_classes=new_classes,
-                               extra_loss=self._gaussian_replay(memory))
+                               extra_loss=self._gaussian_replay(memory), device=self.device)
         if self.gaussians is not None:
             self.gaussians.add(features, labels)
         self.fits += 1
@@ -62,8 +67,8 @@ class DistillHead:
             return None
         rows, classes = sampled
         with torch.no_grad():
-            h_tilde = apply_memory(memory, rows)
-        targets = self.head.columns(torch.from_numpy(classes))
+            h_tilde = apply_memory(memory, rows).to(self.device or "cpu")
+        targets = self.head.columns(torch.from_numpy(classes)).to(h_tilde.device)
         k, weight = self.config.optim.batch_size, self.config.lambda_gaussian
 
         def replay(_idx: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,11 @@ class AdapterTrainer:
         self.earlier: NearFutureModels[dict[str, np.ndarray]] = NearFutureModels(near_future)
         self.clock = StageClock()
 
+    @property
+    def device(self) -> torch.device:
+        """Where the adapter trains."""
+        return self.learner.device
+
     def join(self, address: str, rank: int, world: int, whole_gpus: bool = False) -> None:
         """Become worker `rank` of `world` trainers learning as one (after every reset): join their process group at
         `address` (worker 0's `rendezvous_address`) and wrap the learner in DDP. The group all-reduces over NCCL when

@@ -40,9 +40,9 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
               near_future: int = PrequentialConfig.near_future) -> RolePlan:
     """The roles a method has and how each is built. `merges`: the memory manager also merges analytic statistics
     summed elsewhere (by encoder replicas); `threads`: the torch threads of each hosting process (None: leave
-    them); `device`: where routing, SGSE's reference distances and stage 1 compute ("auto": a GPU where the hosting
-    process sees one); `devices`: per role ("memory", "monitor", "stage1"), instead of `device`; `near_future`: the
-    k of near-future accuracy (memcl_ops/prequential.py)."""
+    them); `device`: where routing, SGSE's reference distances, stage 1 and stage 2's training compute ("auto": a
+    GPU where the hosting process sees one); `devices`: per role ("memory", "monitor", "stage1", "stage2"), instead
+    of `device`; `near_future`: the k of near-future accuracy (memcl_ops/prequential.py)."""
     method = spec.resolve(config)
     on = lambda role: (devices or {}).get(role, device)  # noqa: E731
     plan: RolePlan = {}
@@ -59,7 +59,7 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
     if spec.stage1:
         plan["stage1"] = (Stage1Trainer, (feature_dim, method.router, method.stage1, seed, threads, on("stage1")))
     memory = partial(frozen_router, feature_dim, method.router) if spec.memory else None
-    plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads, memory, near_future))
+    plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads, memory, near_future, on("stage2")))
     return plan
 
 

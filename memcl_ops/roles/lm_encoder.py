@@ -33,6 +33,11 @@ class LMEncoder:
             self.lm = load_lm(spec)
             self.spec = spec
 
+    @property
+    def device(self) -> torch.device:
+        """Where the LM extracts and answers."""
+        return self.lm.device
+
     def info(self) -> dict:
         lm = self.lm
         return {"name": self.spec.name, "hidden": lm.hidden_size, "layers": lm.num_layers, "key_layer": lm.key_layer,

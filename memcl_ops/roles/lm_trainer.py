@@ -44,6 +44,11 @@ class LMTrainer:
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
         self.clock = StageClock()
 
+    @property
+    def device(self) -> torch.device:
+        """Where the LoRA factors train."""
+        return self.lm.device
+
     def join(self, address: str, rank: int, world: int, whole_gpus: bool = False) -> None:
         """Become worker `rank` of `world` trainers learning as one (after every reset): join their process group at
         `address` (worker 0's `rendezvous_address`; NCCL when every worker has a GPU of its own, `whole_gpus`, else

@@ -51,6 +51,12 @@ class MemoryManager:
         self.stores: dict[str, Store] = {name: spec.build(*spec.args) for name, spec in stores.items()}
         self.clock = StageClock()
 
+    @property
+    def device(self) -> torch.device:
+        """Where its stores compute: the device of the first store that has one (MARS's routing), else the CPU."""
+        return next((s.device for s in self.stores.values() if isinstance(getattr(s, "device", None), torch.device)),
+                    torch.device("cpu"))
+
     def call(self, store: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """`method` of one store, timed under the store's name."""
         with self.clock.time(store):

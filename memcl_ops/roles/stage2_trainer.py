@@ -19,7 +19,7 @@ from memcl_ops.learner import FeatureMemory, HeadLearner
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.methods import build_head, method_spec
 from memcl_ops.prequential import NearFutureModels, PrequentialConfig, prediction_table
-from memcl_ops.tensors import prefixed, state_part
+from memcl_ops.tensors import prefixed, resolve_device, state_part
 from memcl_ops.training import ProgressQueue, epoch_reporter, report_epochs
 
 MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's state -> the memory
@@ -27,26 +27,31 @@ MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's s
 
 class Stage2Trainer:
     """`threads`: the hosting process's torch threads (None: leave them); `memory_from_state`: how the memory the
-    head reads is rebuilt from its state (None: the method has no memory)."""
+    head reads is rebuilt from its state (None: the method has no memory); `device`: where a head that trains
+    (`to(device)`: the trained heads' epochs, the analytic heads' statistics) computes ("auto": the GPU Ray
+    assigned, else the CPU); the rest (prediction, the closed-form heads) is the CPU's."""
 
     def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
                  memory_from_state: MemoryBuilder | None = None,
-                 near_future: int = PrequentialConfig.near_future):
+                 near_future: int = PrequentialConfig.near_future, device: str = "cpu"):
         # torch imports torch._dynamo (~1-2 s here) when the first optimizer is built: pay it while the actor
         # starts, not inside the first run's training time.
         import torch._dynamo  # noqa: F401
 
-        self.reset(method, feature_dim, seed, threads, memory_from_state, near_future)
+        self.reset(method, feature_dim, seed, threads, memory_from_state, near_future, device)
 
     def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
               memory_from_state: MemoryBuilder | None = None,
-              near_future: int = PrequentialConfig.near_future) -> None:
+              near_future: int = PrequentialConfig.near_future, device: str = "cpu") -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         self.spec = method_spec(method.name)
         self.method = self.spec.resolve(method)
         self.feature_dim, self.seed = feature_dim, seed
+        self.device = resolve_device(device)
         self.learner = build_head(self.spec, self.method, feature_dim, seed)
+        if hasattr(self.learner, "to"):
+            self.learner.to(self.device)
         self.memory_from_state = memory_from_state
         self.memory: FeatureMemory | None = None
         self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting

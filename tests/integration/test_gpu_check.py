@@ -29,7 +29,7 @@ def gpu_check():
 def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, one_torch_thread, tmp_path):
     rows = gpu_check.run_cases(gpu_check.tiny_sizes(tmp_path), "cpu")
 
-    assert len(rows) == gpu_check.expected_rows("cpu") == 17
+    assert len(rows) == gpu_check.expected_rows("cpu") == 21
     for row in rows:
         assert math.isfinite(row.per_s) and row.per_s > 0, row
         assert row.seconds > 0 and row.repeats >= 1, row
@@ -39,6 +39,11 @@ def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, on
     assert {r.variant for r in rows if r.case == "MARS learner"} == {"observe", "consolidate"}
     nsr = [r.variant for r in rows if r.case.startswith("NSR LoRA")]
     assert nsr == ["train steps", "1 worker (actor)", "2 data-parallel workers, num_gpus 0.0 each"]
+    heads = {r.variant: r.note for r in rows if r.case == "head"}
+    assert list(heads) == [f"{m} consolidate" for m in ("derpp", "ewc", "joint", "analytic-rp")]
+    # a learner apart on the CPU learns the same: the comparison a GPU run reports is between equals here
+    assert all("100.0% of rows predicted as on the CPU" in note for note in heads.values()), heads
+    assert "statistics bit for bit the CPU's" in heads["analytic-rp consolidate"]
     placed = [r for r in rows if r.case == "MARS pipeline"]  # each role's device as its own process resolved it
     assert [r.variant for r in placed] == [f"{role} (num_gpus 0.0)" for role in ("memory", "monitor", "stage1",
                                                                                  "stage2")]

@@ -178,14 +178,19 @@ def test_state_round_trips_and_the_restored_head_continues_identically(config):
     assert sum(head.nbytes().values()) == sum(v.nbytes for v in head.state().values() if v.ndim)
 
 
-def test_fixed_point_sums_equal_arbitrary_precision_integer_sums():
+# numpy's products, and torch's on each device this machine has (a role placed on a GPU sums there)
+DEVICES = [None, torch.device("cpu"), *([torch.device("cuda")] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+def test_fixed_point_sums_equal_arbitrary_precision_integer_sums(device):
     """Rows near the exact limit (|q| ~ 2^25, q² ~ 2^50): one unchunked float64 product would round; the chunked
-    sums must equal the sums computed with Python's unbounded integers."""
+    sums must equal the sums computed with Python's unbounded integers, whichever device multiplied."""
     rng = np.random.default_rng(0)
     q = np.rint(rng.uniform(-1, 1, (64, 5)) * 2.0**25)
     labels = rng.integers(0, 3, 64)
     stats = RidgeStatistics(5)
-    stats.add(q, labels)
+    stats.add(q, labels, device=device)
     rows = [[int(v) for v in row] for row in q]
     exact = [[sum(r[i] * r[j] for r in rows) for j in range(5)] for i in range(5)]
     assert max(abs(v) for row in exact for v in row) > 2**53  # beyond what float64 holds exactly
@@ -221,10 +226,14 @@ def test_bad_input_is_refused_with_a_clear_error():
         AnalyticConfig(lambda_grid=(1.0, -1.0))
 
 
-def test_random_expansion_of_a_sample_has_the_same_bits_in_any_batch():
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+def test_random_expansion_of_a_sample_has_the_same_bits_in_any_batch_and_on_any_device(device):
     x, _ = clusters(4)
     fmap = FeatureMap(DIM, AnalyticConfig(expansion_dim=300), seed=0)
+    numpy_product = fmap(x)
+    fmap.to(device)
     whole = fmap(x)
+    np.testing.assert_array_equal(whole, numpy_product)
     assert np.array_equal(whole, np.rint(whole)) and whole[:, :-1].min() >= 0  # integers, ReLU
     rows = np.random.default_rng(0).permutation(len(x))
     for part in np.array_split(rows, 7):
