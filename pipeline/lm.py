@@ -321,6 +321,10 @@ class LMPipeline:
     def close(self) -> None:
         """Nothing to release: this family streams through classic actor calls only."""
 
+    def prequential_curve(self, state: RunState) -> list[dict]:
+        """The prequential figures after each round so far (TensorBoard logs the last)."""
+        return self._prequential(state)["curve"]
+
     def _prequential(self, state: RunState) -> dict:
         """Test-then-train: each training pair's headline score, answered before it was learned, in stream order:
         overall, over the last `runtime.prequential.window` pairs and per task, and after each task (a round logged

@@ -195,7 +195,8 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
             if on_round is not None:
                 recovery.run(f"the observers of round {r}", partial(on_round, r, state, pipe))
             if board is not None:
-                board.round(state)
+                board.round(state, pipe.prequential_curve(state) if hasattr(pipe, "prequential_curve")
+                            else state.prequential["curve"])
         reports.phase("report")
         metrics.update(recovery.run("the run's report", lambda: {
             **_run_metrics(pipe, state, earlier + time.perf_counter() - started, rt),

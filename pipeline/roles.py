@@ -219,6 +219,9 @@ class StreamPipeline(Protocol):
 
     def finish(self, state: RunState) -> dict: ...  # the family's entries of metrics.json
 
+    # optional, for a family whose test-then-train figures are not the loop's tally of predicted classes (the LM's
+    # scores of generated answers): prequential_curve(state) -> the curve so far, a point per committed round
+
     def close(self) -> None: ...  # release what the pipeline holds besides its actors (a compiled graph)
 
 

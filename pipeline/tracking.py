@@ -15,12 +15,13 @@ class TensorBoardLog:
         self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
         self.epochs: dict[str, int] = {}  # epochs logged per trainer, the step of its loss curve
 
-    def round(self, state) -> None:
-        """Log the round `state` (a runner.RunState) has just committed."""
+    def round(self, state, prequential_curve: list[dict]) -> None:
+        """Log the round `state` (a runner.RunState) has just committed; `prequential_curve`: the run's test-then-train
+        figures so far, a point per round."""
         entry = state.round_log[-1]
         step = entry["round"] + 1
         add = self.writer.add_scalar
-        for point in state.prequential["curve"][-1:]:  # test-then-train so far (features family)
+        for point in prequential_curve[-1:]:
             if point["accuracy"] is not None:
                 add("prequential/accuracy", point["accuracy"], step)
                 add("prequential/window", point["window"], step)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from memcl.pipeline import checkpoint
 from memcl.pipeline.config import RuntimeConfig, dump_config
@@ -83,13 +84,18 @@ def test_prequential_accuracy_scores_every_training_pair_as_answered_before_it_w
         for task, value in preq["per_task"].items():
             assert value == pytest.approx(np.mean([a["exact"] for a in mine if zero_step["tasks"][a["task"]] == task]))
     cfg = config(0.0, methods=("nearest-answer",), budgets=(4096,))  # a copier: some answers right, some wrong
-    short = run(replace(cfg, runtime=replace(cfg.runtime, prequential=replace(cfg.runtime.prequential, window=4))),
+    short = run(replace(cfg, runtime=replace(cfg.runtime, prequential=replace(cfg.runtime.prequential, window=4),
+                                             tensorboard=True)),
                 run_dir=tmp_path, actors=actors).metrics
     scores = [a["exact"] for a in _training_answers(short)]
     preq = short["runs"]["nearest-answer@4KiB"]["prequential"]
     assert 0 < np.mean(scores) < 1 and preq["window_accuracy"] == pytest.approx(np.mean(scores[-4:]))
     assert [p["window"] for p in preq["curve"]] == pytest.approx([np.mean(scores[:n][-4:]) for n in (6, 12, 18)])
     assert Path(short["run_dir"], "nearest-answer_4KiB_prequential.png").stat().st_size > 0
+    events = EventAccumulator(str(next(Path(short["run_dir"]).rglob("tensorboard"))))  # TensorBoard's own reader
+    events.Reload()
+    for tag, key in (("prequential/accuracy", "accuracy"), ("prequential/window", "window")):
+        assert [e.value for e in events.Scalars(tag)] == pytest.approx([p[key] for p in preq["curve"]]), tag
 
 
 def test_memory_methods_stay_within_their_budget_after_every_task(zero_step):
