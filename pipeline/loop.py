@@ -227,10 +227,8 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
     if outcome.predictions is not None:
         tally = Tally(**state.prequential)
         tally.add(outcome.predictions, prequential.window)
-        predicted = unlabelled(outcome.predictions)
-        _write_predictions(run_dir, r, predicted)
-        state.awaiting += predicted.column(S.SAMPLE_ID).to_pylist()
-        _settle_late_labels(run_dir, state, tally, labelled(outcome.predictions))
+        _write_predictions(run_dir, r, unlabelled(outcome.predictions))
+        _settle_late_labels(run_dir, r, tally, labelled(outcome.predictions))
         state.prequential = dataclasses.asdict(tally)
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
@@ -272,18 +270,16 @@ def _write_predictions(run_dir: Path, r: int, predicted: pa.Table) -> None:
     pq.write_table(predicted.drop_columns([S.LABEL, "learned"]), path)
 
 
-def _settle_late_labels(run_dir: Path, state: RunState, tally: Tally, learned: pa.Table) -> None:
-    """Rows labelled in this round that were predicted while unlabelled: score those predictions (read back from
-    the sink) and stop awaiting them."""
-    awaiting = set(state.awaiting)
-    labels = {i: y for i, y in zip(learned.column(S.SAMPLE_ID).to_pylist(), learned.column(S.LABEL).to_pylist(),
-                                   strict=True) if i in awaiting}
-    if not labels:
+def _settle_late_labels(run_dir: Path, r: int, tally: Tally, learned: pa.Table) -> None:
+    """Rows labelled in round r that an earlier round predicted while they were unlabelled: score those predictions,
+    read back from the sink. The sink is the record of what awaits a label, so no checkpoint holds a list of ids
+    that grows with an unlabelled stream (a source labels a row once: a second label for it is refused)."""
+    earlier = sorted(p for p in (run_dir / "predictions").glob("round-*.parquet") if int(p.stem.split("-")[1]) < r)
+    if not earlier or not learned.num_rows:
         return
-    sink = ds.dataset(run_dir / "predictions", format="parquet")
-    tally.settle(sink.to_table(columns=[S.SAMPLE_ID, "prediction"],
-                               filter=ds.field(S.SAMPLE_ID).isin(list(labels))), labels)
-    state.awaiting = [i for i in state.awaiting if i not in labels]
+    labels = dict(zip(learned.column(S.SAMPLE_ID).to_pylist(), learned.column(S.LABEL).to_pylist(), strict=True))
+    tally.settle(ds.dataset(earlier, format="parquet").to_table(
+        columns=[S.SAMPLE_ID, "prediction"], filter=ds.field(S.SAMPLE_ID).isin(list(labels))), labels)
 
 
 def first_visit_square(acc: np.ndarray, info: StreamInfo) -> np.ndarray:

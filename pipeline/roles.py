@@ -77,7 +77,6 @@ class RunState:
     # the test-then-train figures so far (memcl_ops/prequential.py, Tally)
     prequential: dict = field(default_factory=lambda: dataclasses.asdict(Tally()))
     realtime: dict | None = None  # the stream's clock (memcl_ops/realtime.py, StreamClock); None: it waits
-    awaiting: list[int] = field(default_factory=list)  # sample ids predicted unlabelled, whose label has not come
     anytime_rows: list[list[float]] = field(default_factory=list)  # anytime runs: per round, every task's accuracy
     recoveries: int = 0  # rounds replayed after an actor fault
     elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
