@@ -211,15 +211,17 @@ class LMPipeline:
     def learn(self, task: int, on_batch: BatchHook | None, bars: Progress
               ) -> tuple[dict, list[pa.RecordBatch], float]:
         """Absorb one task's training pairs, batch by batch, each answered by the method as it stands before it is
-        learned (test-then-train); returns what the method reports about it, the answers (prediction batches) and
-        the wall seconds spent answering apart from learning (the LoRA trainer's, the frozen base's; a memory
-        method's answers and writes interleave, so its learning time includes its answers)."""
+        learned (test-then-train, unless `stream.answer_training_pairs` is off); returns what the method reports
+        about it, the answers (prediction batches) and the wall seconds spent answering apart from learning (the
+        LoRA trainer's, the frozen base's; a memory method's answers and writes interleave, so its learning time
+        includes its answers)."""
         ctx, flow = self.ctx, self.flow
         tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.train[task]
+        test_first = ctx.config.stream.answer_training_pairs  # test-then-train
         if flow.trains:  # LoRA epochs over the whole task: its pairs answered first, then one call
             started = time.perf_counter()
             answers = bars.wait([flow.answer(b, tokens) for b in batches], f"{self.spec.name}: answer "
-                                f"{ctx.tasks[task].name}'s training pairs", "batch", leave=False)
+                                f"{ctx.tasks[task].name}'s training pairs", "batch", leave=False) if test_first else []
             answering = time.perf_counter() - started
             trained = flow.learn_task(batches)
             if on_batch is not None:
@@ -229,18 +231,19 @@ class LMPipeline:
             return {"epoch_losses": losses}, answers, answering
         if not (flow.prototypes or flow.demonstrations):  # the frozen base learns nothing: it only answers
             started = time.perf_counter()
-            return {}, ray.get([flow.answer(b, tokens) for b in batches]), time.perf_counter() - started
+            return {}, ray.get([flow.answer(b, tokens) for b in batches if test_first]), time.perf_counter() - started
         in_flight = InFlight(ctx.config.runtime.max_in_flight,
                              bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(batches)))
         calls, answers = [], []
         for i, pairs in enumerate(batches):
             # the memory's calls run in the order they are sent: the answer reads it before this batch's write
-            answers.append(flow.answer(pairs, tokens))
+            if test_first:
+                answers.append(flow.answer(pairs, tokens))
             calls.append(flow.learn_batch(pairs, ctx.extraction(task, i)))
             if on_batch is not None:
                 on_batch(task, i)
             # an answer reads the memory after the writes before it: waiting on it waits on those too
-            in_flight.add(answers[-1])
+            in_flight.add(answers[-1] if test_first else calls[-1])
         in_flight.drain()
         outcomes, answers = ray.get(calls), ray.get(answers)
         if flow.prototypes:

@@ -98,6 +98,19 @@ def test_prequential_accuracy_scores_every_training_pair_as_answered_before_it_w
         assert [e.value for e in events.Scalars(tag)] == pytest.approx([p[key] for p in preq["curve"]]), tag
 
 
+def test_runs_that_answer_only_the_test_pairs_learn_and_score_the_same(actors, tmp_path, zero_step):
+    methods = ("base", "miita", "miita-replay", "lora")
+    cfg = config(0.0, methods=methods)
+    plain = run(replace(cfg, stream=replace(cfg.stream, answer_training_pairs=False)), run_dir=tmp_path,
+                actors=actors).metrics
+    assert not _training_answers(plain)
+    for name, r in plain["runs"].items():
+        np.testing.assert_array_equal(r["acc_matrix"], zero_step["runs"][name]["acc_matrix"], err_msg=name)
+        assert r["prequential"]["rows"] == 0 and r["prequential"]["accuracy"] is None, name
+    assert predictions(plain) == {name: answers for name, answers in predictions(zero_step).items()
+                                  if name in plain["runs"]}
+
+
 def test_memory_methods_stay_within_their_budget_after_every_task(zero_step):
     for name, r in zero_step["runs"].items():
         if r["budget_bytes"] is None:
