@@ -14,7 +14,8 @@ bracketed by torch.cuda.synchronize()):
   share of test rows both predict alike; the analytic statistics must be the CPU's bit for bit);
 * greedy decoding of a causal LM, plain and with MIITA's gated temporary update (a direction memory written from
   the same prompts, so the gate opens); SmolLM2-135M-Instruct when its weights are installed, else the same
-  architecture with random weights (the speed is the architecture's);
+  architecture with random weights (the speed is the architecture's); and `memcl lm`'s answering through 1 and 2
+  LM-encoder replicas sharing the GPU (SmolLM2 when installed, else the tiny random Llama);
 * MARS's learner roles through the actor pipeline, each placed on a quarter of the GPU by `runtime.placement`:
   the device each role's process resolved and its throughput;
 * NSR: LoRA training steps (q/v of the ViT, a fresh adapter and head) through `build_learner("nsr", ...)`, and
@@ -59,9 +60,11 @@ import torch
 from memcl.actors.adapter_trainer import AdapterTrainer
 from memcl.pipeline import auth, runner
 from memcl.pipeline.actor_cache import ActorCache
-from memcl.pipeline.config import EncoderPoolConfig, RunConfig, load_config
+from memcl.pipeline.config import EncoderPoolConfig, Placement, RunConfig, RuntimeConfig, load_config
 from memcl.pipeline.encoder_pool import EncoderPool
+from memcl.pipeline.lm import LMRunConfig
 from memcl_ops.arrow import schema as S
+from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.head_training import Stage2Config
 from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
@@ -398,6 +401,36 @@ def decode_rows(sizes: Sizes, device: str) -> list[Row]:
     return rows
 
 
+def lm_replica_rows(sizes: Sizes, device: str) -> list[Row]:
+    """`memcl lm`'s answering (the frozen base over a small stream: every training pair before it is learned, the
+    test pairs after each task) through 1 and 2 LM-encoder replicas, which share the GPU (`num_gpus` 1/replicas)
+    where there is one: pairs answered per second of answering, and whether 2 replicas give 1's answers."""
+    name = sizes.lm if sizes.lm != SMOLLM2 or load_decoder(sizes)[1] == "SmolLM2-135M-Instruct" else "tiny:llama"
+    stream = LMStreamSpec(tasks=("word-code", "last-letter"), train_per_task=sizes.prompts,
+                          test_per_task=sizes.prompts, batch_size=sizes.prompts, answer_batch_size=sizes.prompts)
+    rows, answers = [], {}
+    for replicas in (1, 2):
+        share = 1 / replicas if device.startswith("cuda") else 0.0
+        with tempfile.TemporaryDirectory(prefix="memcl-gpu-check-lm-") as out:
+            metrics = runner.run(LMRunConfig(
+                model=LMSpec(name, threads=sizes.threads), methods=("base",), stream=stream,
+                runtime=RuntimeConfig(lm_replicas=replicas, placement={"lm_encoder": Placement(num_gpus=share)},
+                                      actor_threads=sizes.threads, progress=False, checkpoint=False, out=out))).metrics
+            answers[replicas] = [(r["split"], r["after_task"], r["sample_id"], r["prediction"]) for r in map(
+                json.loads, Path(metrics["run_dir"], "predictions.jsonl").read_text().splitlines())]
+            placement = json.loads(Path(metrics["run_dir"], "runs", "base", "metrics.json").read_text())["placement"]
+        run = metrics["runs"]["base"]
+        seconds = run["wall_seconds"]["prequential"] + run["wall_seconds"]["evaluate"]
+        pairs = len(answers[replicas])
+        devices = sorted({where["device"] for role, where in placement.items() if role.startswith("lm_encoder")})
+        note = f"{name}; {pairs} pairs answered"
+        if replicas == 2:
+            note += f"; the same answers as 1 replica: {'yes' if answers[2] == answers[1] else 'NO'}"
+        rows.append(Row("LM answers (memcl lm)", f"{replicas} replica{'s' * (replicas > 1)} (num_gpus {share:g})",
+                        ",".join(devices), sizes.prompts, pairs / seconds, "pairs/s", seconds, 1, note))
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------ NSR
 
 
@@ -474,7 +507,7 @@ def run_cases(sizes: Sizes, device: str, groups: tuple[str, ...] = GROUPS) -> li
     if "roles" in groups:
         rows += placed_role_rows(sizes, device)
     if "lm" in groups:
-        rows += decode_rows(sizes, device)
+        rows += decode_rows(sizes, device) + lm_replica_rows(sizes, device)
     if "nsr" in groups:
         rows += [nsr_row(sizes, device), *nsr_workers_rows(sizes, device)]
     return rows
@@ -483,7 +516,7 @@ def run_cases(sizes: Sizes, device: str, groups: tuple[str, ...] = GROUPS) -> li
 def expected_rows(device: str, groups: tuple[str, ...] = GROUPS) -> int:
     per_group = {"encoder": 6, "mars": 2 * (2 if device.startswith("cuda") else 1), "heads": len(HEAD_METHODS),
                  "roles": len(PLACED_ROLES),
-                 "lm": 2, "nsr": 3}
+                 "lm": 4, "nsr": 3}
     return sum(per_group[g] for g in groups)
 
 

@@ -29,7 +29,7 @@ def gpu_check():
 def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, one_torch_thread, tmp_path):
     rows = gpu_check.run_cases(gpu_check.tiny_sizes(tmp_path), "cpu")
 
-    assert len(rows) == gpu_check.expected_rows("cpu") == 21
+    assert len(rows) == gpu_check.expected_rows("cpu") == 23
     for row in rows:
         assert math.isfinite(row.per_s) and row.per_s > 0, row
         assert row.seconds > 0 and row.repeats >= 1, row
@@ -48,6 +48,9 @@ def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, on
     assert [r.variant for r in placed] == [f"{role} (num_gpus 0.0)" for role in ("memory", "monitor", "stage1",
                                                                                  "stage2")]
 
+    one, two = (r for r in rows if r.case == "LM answers (memcl lm)")
+    assert (one.variant, two.variant) == ("1 replica (num_gpus 0)", "2 replicas (num_gpus 0)")
+    assert two.note.endswith("the same answers as 1 replica: yes")  # two replicas answer in turn, as one would
     plain, adapted = (r for r in rows if r.case == "LM decode")
     assert (plain.variant, adapted.variant) == ("plain", "MIITA adapted")
     assert math.isnan(plain.nll_shift)
