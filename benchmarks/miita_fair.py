@@ -63,8 +63,8 @@ def base_config(stream: LMStreamSpec, tiny: bool, out: str) -> lm.LMRunConfig:
     config = lm.LMRunConfig(stream=replace(stream, answer_training_pairs=False),
                             runtime=RuntimeConfig(evaluate_window=1, progress=False, out=out, checkpoint=False))
     if tiny:
-        config = replace(config, model=LMSpec(name="tiny:llama", threads=1), stream=replace(stream, batch_size=4),
-                         runtime=replace(config.runtime, actor_threads=1))
+        config = replace(config, model=LMSpec(name="tiny:llama", threads=1),
+                         stream=replace(config.stream, batch_size=4), runtime=replace(config.runtime, actor_threads=1))
     return config
 
 

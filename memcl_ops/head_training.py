@@ -207,7 +207,7 @@ def train_stage2(head: GrowingLinearHead, router: FeatureMemory | None, features
                                           config.anchor_weighting)
             # the KD's points weighed the same way when every anchor has a class (slot anchors: uniform)
             kd_weight = weight if config.anchor_weighting == "class" and has_class.all() else None
-    if device is not None and device.type != "cpu":
+    if device is not None:  # on the CPU every move returns the tensor itself
         (h_tilde, targets, ce_columns, lwf_logits, anchors, anchor_logits, anchor_targets, labelled, weight,
          kd_weight) = (None if t is None else t.to(device) for t in (
             h_tilde, targets, ce_columns, lwf_logits, anchors, anchor_logits, anchor_targets, labelled, weight,

@@ -171,6 +171,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
             state.add_wall(phase, seconds)
     earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)
     board = TensorBoardLog(run_dir) if rt.tensorboard else None
+    late_labels = set(pipe.info.late_labels)
     chaos = (Chaos(pipe.roles.actors, pipe.roles.all_names, rt.chaos_seconds, metrics.get("seed", 0))
              if rt.chaos_seconds else contextlib.nullcontext())
     with chaos:
@@ -184,7 +185,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
 
         for r in range(state.next_round, len(rounds)):
             outcome, memory, committed = recovery.run(f"round {r}", partial(round_step, r))
-            _commit_round(pipe, state, r, outcome, memory, run_dir, rt.prequential, rt.anytime > 0)
+            _commit_round(pipe, state, r, outcome, memory, run_dir, rt.prequential, rt.anytime > 0, late_labels)
             state.elapsed = earlier + time.perf_counter() - started
             recovery.last_good = committed
             reports.phase("checkpoint")
@@ -219,7 +220,7 @@ def _round_name(pipe: StreamPipeline, rounds: list[RoundBatches], r: int) -> str
 
 
 def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundOutcome, memory: dict[str, int],
-                  run_dir: Path, prequential: PrequentialConfig, anytime: bool) -> None:
+                  run_dir: Path, prequential: PrequentialConfig, anytime: bool, late_labels: set[int]) -> None:
     """Fold a completed round (and the memory report read after it) into the run state and write its dead
     letters and the predictions of its unlabelled rows; calls no actor, so a commit is never half done."""
     if outcome.clock is not None:
@@ -228,7 +229,7 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
         tally = Tally(**state.prequential)
         tally.add(outcome.predictions, prequential.window)
         _write_predictions(run_dir, r, unlabelled(outcome.predictions))
-        _settle_late_labels(run_dir, r, tally, labelled(outcome.predictions))
+        _settle_late_labels(run_dir, r, tally, labelled(outcome.predictions), late_labels)
         state.prequential = dataclasses.asdict(tally)
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
@@ -262,7 +263,7 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
 def _write_predictions(run_dir: Path, r: int, predicted: pa.Table) -> None:
     """The round's unlabelled rows as predicted, in `predictions/round-N.parquet` (a replay overwrites, never adds;
     a round without any writes none)."""
-    path = run_dir / "predictions" / f"round-{r:06d}.parquet"
+    path = _predictions_path(run_dir, r)
     if not predicted.num_rows:
         path.unlink(missing_ok=True)
         return
@@ -270,15 +271,21 @@ def _write_predictions(run_dir: Path, r: int, predicted: pa.Table) -> None:
     pq.write_table(predicted.drop_columns([S.LABEL, "learned"]), path)
 
 
-def _settle_late_labels(run_dir: Path, r: int, tally: Tally, learned: pa.Table) -> None:
-    """Rows labelled in round r that an earlier round predicted while they were unlabelled: score those predictions,
-    read back from the sink. The sink is the record of what awaits a label, so no checkpoint holds a list of ids
-    that grows with an unlabelled stream (a source labels a row once: a second label for it is refused)."""
-    earlier = sorted(p for p in (run_dir / "predictions").glob("round-*.parquet") if int(p.stem.split("-")[1]) < r)
-    if not earlier or not learned.num_rows:
+def _predictions_path(run_dir: Path, r: int) -> Path:
+    return run_dir / "predictions" / f"round-{r:06d}.parquet"
+
+
+def _settle_late_labels(run_dir: Path, r: int, tally: Tally, learned: pa.Table, late_labels: set[int]) -> None:
+    """Rows labelled in round r by a label file (`late_labels`, the stream's; each settles one row that came
+    unlabelled, in this round or before): score the predictions made while they were unlabelled, read back from
+    the sink of rounds up to r. The stream and the sink are the record, so no checkpoint keeps a list of the ids
+    awaiting a label, and a round without late labels reads nothing."""
+    labels = {i: y for i, y in zip(learned.column(S.SAMPLE_ID).to_pylist(), learned.column(S.LABEL).to_pylist(),
+                                   strict=True) if i in late_labels}
+    sink = [path for k in range(r + 1) if (path := _predictions_path(run_dir, k)).exists()] if labels else []
+    if not sink:
         return
-    labels = dict(zip(learned.column(S.SAMPLE_ID).to_pylist(), learned.column(S.LABEL).to_pylist(), strict=True))
-    tally.settle(ds.dataset(earlier, format="parquet").to_table(
+    tally.settle(ds.dataset(sink, format="parquet").to_table(
         columns=[S.SAMPLE_ID, "prediction"], filter=ds.field(S.SAMPLE_ID).isin(list(labels))), labels)
 
 

@@ -130,8 +130,10 @@ def exact_matmul(a: np.ndarray, b: np.ndarray, device: torch.device | None = Non
     `b_on_device`: b already copied there."""
     if device is None:
         return a @ b
-    right = b_on_device if b_on_device is not None else torch.from_numpy(b).to(device)
-    return (torch.from_numpy(a).to(device) @ right).cpu().numpy()
+
+    def on_device(x: np.ndarray) -> torch.Tensor:  # a copy: any strides, read-only arrays too
+        return torch.from_numpy(np.array(x, np.float64, order="C")).to(device)
+    return (on_device(a) @ (b_on_device if b_on_device is not None else on_device(b))).cpu().numpy()
 
 
 class FeatureMap:

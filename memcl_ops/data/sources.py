@@ -52,6 +52,8 @@ class StreamInfo:
     feature_dim: int | None = None
     novel_shifts: int | None = None  # generated streams: the true novel events injected (N_T)
     cacheable: bool = False  # raw rows of a fixed dataset: their features can go to the feature cache
+    # sample ids a label file labels after their rows came unlabelled (an `arrow:` folder's late labels)
+    late_labels: list[int] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
 
@@ -216,11 +218,14 @@ class ArrowDirStream:
         self.task_labels: dict[int, set[int]] = {}  # the labels each task's rows carry (for tables and plots)
         awaiting: dict[int, tuple[Path, int]] = {}  # unlabelled training rows so far, by sample_id: where they are
         self.settles: dict[Path, list[tuple[Path, int] | None]] = {}  # per label file, per row: the row it labels
+        self.late_labels: list[int] = []  # the sample ids the label files settle, in stream order
         for path in self.train_files:
             table = self._table(path)
             self.num_rows += table.num_rows
             if self._label_file(table):
-                self.settles[path] = [awaiting.pop(i, None) for i in table.column(S.SAMPLE_ID).to_pylist()]
+                ids = table.column(S.SAMPLE_ID).to_pylist()
+                self.settles[path] = [awaiting.pop(i, None) for i in ids]
+                self.late_labels += [i for i, origin in zip(ids, self.settles[path], strict=True) if origin is not None]
                 if not self.visits:
                     self.visits.append(0)
                     self.visit_slices.append([])
@@ -326,7 +331,7 @@ class ArrowDirStream:
                           for t in range(tasks)],
             visits=self.visits, visit_batches=[len(s) for s in self.visit_slices],
             test_batches=[len(self.tests.get(t, [])) for t in range(tasks)],
-            num_samples=self.num_rows, labels=self.labels, feature_dim=self.feature_dim,
+            num_samples=self.num_rows, labels=self.labels, feature_dim=self.feature_dim, late_labels=self.late_labels,
             fingerprint=_fingerprint([np.frombuffer(b"".join(listing), np.uint8), np.array([self.batch_size])]),
             extra={"task_ids": self.task_ids, **({"class_names": self.class_names} if self.class_names else {})})
 

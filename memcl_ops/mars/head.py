@@ -30,7 +30,7 @@ class DistillHead:
         anchored = bool(config.lambda_anchor or config.lambda_anchor_ce)
         self.class_anchors = ClassAnchors(feature_dim) if config.anchor_points == "slot-class" and anchored else None
         self.gaussians = ClassGaussians(feature_dim, config.gaussian_rank) if config.lambda_gaussian else None
-        self.device: torch.device | None = None  # where its epochs run (None: the CPU)
+        self.device = torch.device("cpu")  # where its epochs run
 
     def to(self, device: torch.device) -> None:
         """Train on `device` (its state and predictions stay on the CPU)."""
@@ -67,7 +67,7 @@ class DistillHead:
             return None
         rows, classes = sampled
         with torch.no_grad():
-            h_tilde = apply_memory(memory, rows).to(self.device or "cpu")
+            h_tilde = apply_memory(memory, rows).to(self.device)
         targets = self.head.columns(torch.from_numpy(classes)).to(h_tilde.device)
         k, weight = self.config.optim.batch_size, self.config.lambda_gaussian
 

@@ -27,9 +27,9 @@ MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's s
 
 class Stage2Trainer:
     """`threads`: the hosting process's torch threads (None: leave them); `memory_from_state`: how the memory the
-    head reads is rebuilt from its state (None: the method has no memory); `device`: where a head that trains
-    (`to(device)`: the trained heads' epochs, the analytic heads' statistics) computes ("auto": the GPU Ray
-    assigned, else the CPU); the rest (prediction, the closed-form heads) is the CPU's."""
+    head reads is rebuilt from its state (None: the method has no memory); `device`: where a head with `to(device)`
+    computes ("auto": the GPU Ray assigned, else the CPU): the trained heads' epochs, the analytic heads' feature
+    expansion and statistics; the rest (the trained heads' predictions, the closed-form solves) is the CPU's."""
 
     def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
                  memory_from_state: MemoryBuilder | None = None,

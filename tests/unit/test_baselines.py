@@ -237,3 +237,35 @@ def test_the_shared_covariance_finds_what_a_euclidean_nearest_mean_misses():
             scores.append(float((head.predict(x[test], None) == y[test].numpy()).mean()))
     assert all(a >= b for a, b in zip(lda, euclid, strict=True)), (lda, euclid)
     assert np.mean(lda) - np.mean(euclid) > 0.15, (lda, euclid)
+
+
+DEVICES = [torch.device("cpu"), *([torch.device("cuda")] if torch.cuda.is_available() else [])]
+TRAINED_HEADS = {  # every extra term of the stage-2 loop on: LwF and the Gaussian replay, EWC's penalty, DER++'s replay
+    "distill": lambda: DistillHead(12, dataclasses.replace(FINETUNE, lambda_lwf=0.3, lambda_gaussian=0.3), 0),
+    "ewc": lambda: EWCHead(12, FINETUNE, EWCConfig(), 0),
+    "derpp": lambda: DERppHead(12, FINETUNE, DERppConfig(buffer_size=40), 0),
+    "joint": lambda: JointHead(12, FINETUNE, 0),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+@pytest.mark.parametrize("name", list(TRAINED_HEADS))
+def test_a_head_trained_on_a_device_learns_what_it_learns_where_it_was_built(name, device):
+    """The epochs on `device` (a role's placement), the head back on the CPU after each fit: on the CPU the state of
+    a head never moved, bit for bit; on a GPU its predictions on nearly every row."""
+    placed, plain = TRAINED_HEADS[name](), TRAINED_HEADS[name]()
+    placed.to(device)
+    tasks = two_tasks(0)
+    for (x, y), _ in tasks:
+        for learner in (placed, plain):
+            learner.fit(x, y, None)
+            learner.end_task(None)
+        assert placed.head.weight.device.type == "cpu"
+    if device.type == "cpu":
+        ours, theirs = placed.state(), plain.state()
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+    else:
+        x_test = torch.cat([test[0] for _, test in tasks])
+        assert np.mean(placed.predict(x_test, None) == plain.predict(x_test, None)) > 0.95
