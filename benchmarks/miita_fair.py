@@ -4,6 +4,8 @@
     python -m benchmarks.miita_fair                            # every stream, budgets 2-16 KiB, seeds 0 1 2
     python -m benchmarks.miita_fair --streams partly --seeds 0  # one stream, one seed
     python -m benchmarks.miita_fair --tiny                      # a tiny random LM on a small stream (seconds)
+    python -m benchmarks.miita_fair --streams superni-a --dev --seeds 0 --knob memory.centre_keys=true
+                                                               # the dev split, knobs given by hand
     python -m benchmarks.miita_fair --streams partly --knob memory.positions=2 --knob memory.centre_keys=false
                                                                # knobs an earlier dev grid chose: no dev runs
 
@@ -156,6 +158,8 @@ def main() -> None:
     parser.add_argument("--knob", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="MIITA's knobs as an earlier dev grid chose them (e.g. memory.positions=2): no dev runs")
     parser.add_argument("--tiny", action="store_true", help="a tiny random LM: checks the benchmark runs end to end")
+    parser.add_argument("--dev", action="store_true", help="answer each task's dev split (a held-out quarter of its "
+                        "training pairs) instead of its test pairs: knobs compared by hand without a test item")
     parser.add_argument("--out", default="runs/bench/miita_fair")
     parser.add_argument("--summarise", metavar="NAME", help="print the table of the runs finished under --out "
                         "(e.g. after an interrupted benchmark) for stream NAME, run nothing")
@@ -185,7 +189,8 @@ def main() -> None:
             config = with_knobs(replace(config, methods=tuple(args.methods), budgets=tuple(args.budgets)), knobs)
             per_run: dict[str, list[dict]] = {}
             for seed in args.seeds:
-                seeded = replace(config, seed=seed, stream=replace(config.stream, seed=seed))
+                seeded = replace(config, seed=seed, stream=replace(config.stream, seed=seed,
+                                                                   evaluate_on="dev" if args.dev else "test"))
                 # LoRA trains on the CPU for minutes a task: only at --lora-seeds
                 skip = {"miita-paper", *(() if seed in args.lora_seeds else ("lora",))}
                 others = tuple(m for m in seeded.methods if m not in skip)
