@@ -61,7 +61,7 @@ def streams(tiny: bool) -> dict[str, LMStreamSpec]:
 
 def base_config(stream: LMStreamSpec, tiny: bool, out: str) -> lm.LMRunConfig:
     # answer the new task after each task and every task after the last (evaluate_window 1): what A_last and BWT need;
-    # the table scores the test pairs only, so the training pairs are not answered first (half the generation)
+    # the table scores the test pairs only, so the training pairs are not answered first (a generation fewer a pair)
     config = lm.LMRunConfig(stream=replace(stream, answer_training_pairs=False),
                             runtime=RuntimeConfig(evaluate_window=1, progress=False, out=out, checkpoint=False))
     if tiny:

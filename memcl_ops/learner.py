@@ -92,6 +92,9 @@ class HeadLearner(Protocol):
     # optional, for a head that learns each batch right after predicting it (the blind baseline), not only at
     # consolidation: observe(features, labels, memory) takes one batch's labelled rows
 
+    # optional, for a head with work worth a GPU (the trained heads' epochs, the analytic heads' sums): to(device)
+    # makes it compute there; its state and the rest stay on the CPU
+
     def state(self) -> dict[str, np.ndarray]: ...
 
     def restore(self, state: dict[str, np.ndarray]) -> None: ...

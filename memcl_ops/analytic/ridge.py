@@ -123,17 +123,21 @@ class AnalyticConfig:
                              f"got {self.selection_samples}, {self.holdout_fraction}, {self.reproject_ridge}")
 
 
-def exact_matmul(a: np.ndarray, b: np.ndarray, device: torch.device | None = None,
-                 b_on_device: torch.Tensor | None = None) -> np.ndarray:
-    """a @ b of integer-valued float64 arrays whose partial sums all stay below 2^53: the exact integers in any
-    summation order, so a product on `device` (a GPU) is numpy's bit for bit (None: numpy on the CPU).
-    `b_on_device`: b already copied there."""
-    if device is None:
-        return a @ b
+# The products below are of integer-valued float64 arrays whose partial sums all stay below 2^53: the exact integers
+# in any summation order, so a product in torch on a device (a GPU) is numpy's bit for bit.
 
-    def on_device(x: np.ndarray) -> torch.Tensor:  # a copy: any strides, read-only arrays too
-        return torch.from_numpy(np.array(x, np.float64, order="C")).to(device)
-    return (on_device(a) @ (b_on_device if b_on_device is not None else on_device(b))).cpu().numpy()
+def _on(x: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`x` copied to `device` (a C-ordered copy first: any strides, read-only arrays too)."""
+    return torch.from_numpy(np.array(x, np.float64, order="C")).to(device)
+
+
+def _gram_and_targets(part: np.ndarray, onehot: np.ndarray, device: torch.device | None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(partᵀpart, partᵀonehot), on `device` (None: numpy), each input copied there once."""
+    if device is None:
+        return part.T @ part, part.T @ onehot
+    rows, labels = _on(part, device), _on(onehot, device)
+    return (rows.T @ rows).cpu().numpy(), (rows.T @ labels).cpu().numpy()
 
 
 class FeatureMap:
@@ -162,8 +166,8 @@ class FeatureMap:
     def to(self, device: torch.device | None) -> None:
         """Multiply by R with torch on `device` (None: numpy), R copied there once."""
         self.device = device
-        self.projection_on_device = (torch.from_numpy(self.projection).to(self.device)
-                                     if self.device is not None and self.projection is not None else None)
+        self.projection_on_device = (_on(self.projection, device)
+                                     if device is not None and self.projection is not None else None)
 
     @property
     def dim(self) -> int:
@@ -188,8 +192,9 @@ class FeatureMap:
                 raise OverflowError(f"a feature row of L1 norm {worst / self.projection_max / self.unit:.3g} is too "
                                     f"large for an exact projection at analytic.fraction_bits = "
                                     f"{self.config.fraction_bits}; lower it")
-            q = np.rint(np.maximum(exact_matmul(q, self.projection, self.device, self.projection_on_device), 0.0)
-                        * self.rescale)
+            product = (q @ self.projection if self.device is None
+                       else (_on(q, self.device) @ self.projection_on_device).cpu().numpy())
+            q = np.rint(np.maximum(product, 0.0) * self.rescale)
         if self.config.bias:
             q = np.concatenate([q, np.full((len(q), 1), self.unit)], axis=1)
         return q
@@ -252,11 +257,11 @@ class RidgeStatistics:
         self._grow(labels)
         onehot = (labels[:, None] == self.classes[None, :]).astype(np.float64)
         for rows in _exact_gram_chunks(q):
-            part = q[rows]
-            gram = exact_matmul(part.T, part, device).astype(np.int64)
+            gram, targets = _gram_and_targets(q[rows], onehot[rows], device)
+            gram = gram.astype(np.int64)
             self._check_headroom(gram.diagonal())
             self.gram += sign * gram
-            self.targets += sign * exact_matmul(part.T, onehot[rows], device).astype(np.int64)
+            self.targets += sign * targets.astype(np.int64)
         self.count += sign * len(labels)
 
     def merge(self, other: RidgeStatistics) -> None:

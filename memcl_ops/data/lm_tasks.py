@@ -60,7 +60,7 @@ class LMStreamSpec:
     # without seeing a test item); "test": the test pairs
     evaluate_on: str = "test"
     # test-then-train: each training pair answered by the method as it stands before it is learned (the run's
-    # prequential figures); off: only the test pairs are answered, about half the generation of a run
+    # prequential figures); off: only the test pairs are answered (one generation fewer per training pair)
     answer_training_pairs: bool = True
     batch_size: int = 16  # text pairs per Arrow batch of training pairs
     # prompts per Arrow batch answered together: one decoding step then reads the LM's weights once for all of them
