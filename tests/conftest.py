@@ -3,6 +3,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray refuses to spill the object store once its disk is 95% used, which on a large shared disk still leaves many
+# gigabytes free; the tests' small object store spills a few hundred MB at most.
+os.environ.setdefault("RAY_local_fs_capacity_threshold", "0.99")
 
 import pytest
 
