@@ -318,8 +318,10 @@ class AnswerMemory:
         self.anchors[keep] = np.concatenate([self.anchors[keep], self.anchors[drop]])
         self.trials[keep] = min(self.trials[keep] + self.trials[drop], VOTE_CAP)
         n = min(len(self.hits[keep]), len(self.hits[drop]))
-        for hits in (self.hits, self.model_hits):
-            hits[keep][:n] = np.minimum(hits[keep][:n] + hits[drop][:n], VOTE_CAP)
+        # the dropped record's hits were for its own tokens: where the kept token differs they were its misses
+        same = self.answers[keep][:n] == self.answers[drop][:n]
+        self.hits[keep][:n] = np.minimum(self.hits[keep][:n] + np.where(same, self.hits[drop][:n], 0), VOTE_CAP)
+        self.model_hits[keep][:n] = np.minimum(self.model_hits[keep][:n] + self.model_hits[drop][:n], VOTE_CAP)
         for parts in (self.answers, self.anchors, self.counts, self.trials, self.hits, self.model_hits):
             del parts[drop]
         self._by_answer = {t.tobytes(): n for n, t in enumerate(self.answers)}

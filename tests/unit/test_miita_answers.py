@@ -172,6 +172,36 @@ def test_repair_keeps_every_answer_it_can_afford():
 END = 99  # the end-of-answer token of the synthetic answers
 
 
+def test_a_prototype_merged_into_another_answer_keeps_only_the_votes_that_answer_won():
+    """Two prototypes of different labels merge when a third answer needs the room: the kept prototype's record is
+    both records scored for the kept tokens (the dropped one's hits count only where the two answers agree, its
+    trials and the model's hits all count), so the dropped label's wins never vouch for the kept label."""
+    hidden, vocab = 64, 100
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        common, near, far = rng.normal(size=(3, hidden))
+        centres = {1: near, 2: near + 0.8 * rng.normal(size=hidden), 3: far}  # labels 1 and 2: neighbouring keys
+        stream = [1] * 12 + [2] * 8 + [3]
+        keys = normalize(torch.tensor(np.array([20 * common + centres[c] + 0.2 * rng.normal(size=hidden)
+                                                for c in stream]), dtype=torch.float32))
+        model = {1: 7, 2: 2, 3: 7}  # the model's own first token: right on label 2 only
+        roomy = MemoryConfig(budget_bytes=64 * 1024, positions=2, centre_keys=False, anchor_code="float16",
+                             new_anchor=-1.0)
+        tight = replace(roomy, budget_bytes=AnswerMemory(hidden, vocab, roomy).fixed_bytes()
+                        + 2 * answer_prototype_bytes(hidden, 2, 1, "float16", votes=True))
+        apart, merged = AnswerMemory(hidden, vocab, roomy), AnswerMemory(hidden, vocab, tight)
+        for k, c in zip(keys, stream):
+            for memory in (apart, merged):
+                memory.write(k, np.array([c, END]), model_tokens=np.array([model[c], END]))
+        assert [int(a[0]) for a in merged.answers] == [1, 3], seed  # label 2 merged into label 1 (the larger count)
+        one, two = (int(a[0]) for a in apart.answers[:2])
+        assert (one, two) == (1, 2)
+        assert merged.trials[0] == apart.trials[0] + apart.trials[1]
+        assert list(merged.hits[0]) == [apart.hits[0][0], apart.hits[0][1] + apart.hits[1][1]], seed
+        assert list(merged.model_hits[0]) == list(apart.model_hits[0] + apart.model_hits[1]), seed
+        assert apart.hits[1][0] > 0  # the dropped label had wins of its own to leave out
+
+
 def steered_positions(memory: AnswerMemory, queries: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """(B, 2): whether the memory steers each query at answer positions 0 and 1 (the default gate)."""
     step = AnswerSteering(memory, weight, AdaptConfig())(queries)
