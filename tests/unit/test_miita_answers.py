@@ -173,9 +173,9 @@ END = 99  # the end-of-answer token of the synthetic answers
 
 
 def test_a_prototype_merged_into_another_answer_keeps_only_the_votes_that_answer_won():
-    """Two prototypes of different labels merge when a third answer needs the room: the kept prototype's record is
-    both records scored for the kept tokens (the dropped one's hits count only where the two answers agree, its
-    trials and the model's hits all count), so the dropped label's wins never vouch for the kept label."""
+    """Two prototypes of different labels merge when a third answer needs the room: the kept prototype's record adds
+    the dropped one's trials and model hits, and its hits only where the two answers agree, so the dropped label's
+    wins never vouch for the kept label."""
     hidden, vocab = 64, 100
     for seed in range(10):
         rng = np.random.default_rng(seed)
