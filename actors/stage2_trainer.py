@@ -1,10 +1,10 @@
 """The Stage2Trainer actor: the stage-2 (head) trainer role
-(memcl_ops/roles/stage2_trainer.py) in a Ray process of its own. The in-process learner runs the same role's code."""
+(memcl_ops/roles/stage2_trainer.py) in a Ray process of its own.
+A run held in this process runs the same role's code."""
 
 from __future__ import annotations
 
-import ray
-
+from memcl.actors import hosting
 from memcl_ops.roles import stage2_trainer as role
 
-Stage2Trainer = ray.remote(role.Stage2Trainer)
+Stage2Trainer = hosting(role.Stage2Trainer)

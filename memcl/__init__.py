@@ -2,8 +2,9 @@
 
 * `memcl.run(method, settings)`: one run through the Ray pipeline (what `memcl run` / `memcl lm` do), its folder
   written as theirs are; returns a `RunResult` (an `LMResult` for an "lm" method, one run per byte budget).
-* `memcl.run_in_process(method, settings)`: the same method's same flow on the same stream, without Ray (its
-  accuracy matrix equals the pipeline's: tests/integration/test_parity.py); returns an `InProcessRun`.
+* `memcl.run_in_process(method, settings)`: the same run with its roles held in this process, without Ray (the same
+  round loop and flows: its results equal the pipeline's, tests/integration/test_parity.py); returns a `RunResult`
+  (or an `LMResult`).
 * `memcl.build_learner(method, ...)`: a `StreamLearner` to drive yourself: `begin_round`, `observe` Arrow batches,
   `consolidate`, `predict`.
 
@@ -16,8 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["METHODS", "InProcessRun", "LMMethodConfig", "LMResult", "LMRunConfig", "MethodConfig", "RunConfig",
-           "RunResult", "build_learner", "run", "run_in_process", "stream_in_process"]
+__all__ = ["METHODS", "LMMethodConfig", "LMResult", "LMRunConfig", "MethodConfig", "RunConfig", "RunResult",
+           "build_learner", "run", "run_in_process"]
 
 
 def __getattr__(name: str) -> Any:

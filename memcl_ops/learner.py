@@ -27,17 +27,15 @@ class Round:
 
 class StreamLearner(Protocol):
     """One method over one stream: `begin_round`, then `observe` every training batch of the round (Arrow
-    batches of the contract in docs/architecture.md), then `consolidate`; `predict` any time after. `state` /
-    `restore` are exact: a restored learner continues bit for bit like the original."""
+    batches of the contract in docs/architecture.md): each is predicted by the model as it stands, then learned by
+    the method's per-batch step; then `consolidate`; `predict` any time after. `state` / `restore` are exact: a
+    restored learner continues bit for bit like the original."""
 
     tags: frozenset[str]  # the method's capability tags (memcl_ops/methods.py, TAGS)
 
     def begin_round(self, round: Round) -> None: ...
 
     def observe(self, batch: pa.RecordBatch) -> None: ...
-
-    # a batch the learner cannot take (a stream that did not wait, memcl_ops/realtime.py): predicted, never learned
-    def watch(self, batch: pa.RecordBatch) -> None: ...
 
     # the round's report; a learner that predicts every training batch before learning it (test-then-train) puts
     # those predictions in it as "prequential" (an Arrow table, memcl_ops/prequential.py)
@@ -78,7 +76,9 @@ class FeatureMemory(Protocol):
 
 class HeadLearner(Protocol):
     """The classifier role of a "features" method; features arrive raw and are passed through `memory` (may be
-    None)."""
+    None). `fit` learns a block. A head with `observe` learns each batch as it streams (sums of statistics, the
+    blind baseline's labels) and at a consolidation only settles what it holds (`settle`); any other head is
+    trained by `fit` on a consolidation's block, in the background (memcl_ops/roles/predictor.py)."""
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]: ...
 
@@ -89,8 +89,13 @@ class HeadLearner(Protocol):
     # (the predicted class, the head's own score of it) per row: what test-then-train predictions record
     def scored(self, features: torch.Tensor, memory: FeatureMemory | None) -> tuple[np.ndarray, np.ndarray]: ...
 
-    # optional, for a head that learns each batch right after predicting it (the blind baseline), not only at
-    # consolidation: observe(features, labels, memory) takes one batch's labelled rows
+    # optional, for a head that learns each batch right after predicting it (the heads of sums, the blind baseline):
+    # observe(features, labels, memory) takes one batch's labelled rows; settle(features, labels, memory) is the
+    # consolidation of a block observed already (fit = observe, then settle); frozen() gives a copy that predicts as
+    # the head does now and is never changed (what near-future accuracy scores with)
+
+    # for a trained head: known_classes() -> the classes it can predict (the predictor's prototypes answer for the
+    # others)
 
     # optional, for a head with work worth a GPU (the trained heads' epochs, the analytic heads' sums): to(device)
     # makes it compute there; its state and the rest stay on the CPU

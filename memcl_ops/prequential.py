@@ -1,7 +1,7 @@
 """Test-then-train (prequential) evaluation: every training batch is predicted by the model as it stands, then
-learned (river's `progressive_val_score`, MOA's prequential evaluation). A head predicts the batches of a round before
-it learns them (`Stage2Trainer.prequential`), so the prediction of every labelled row is made before that row is
-learned; rows without a label are predicted and never learned.
+learned (river's `progressive_val_score`, MOA's prequential evaluation). The predictor predicts each batch before the
+per-batch step learns it (memcl_ops/roles/predictor.py), so the prediction of every labelled row is made before that
+row is learned; rows without a label are predicted and never learned.
 
 Definitions (docs/methods.md, "Prequential accuracy"):
 * **prequential accuracy**: correct / labelled rows predicted, over the whole stream, per task and over the last
@@ -23,7 +23,6 @@ from typing import Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.tensors import state_part
@@ -37,8 +36,7 @@ PREDICTIONS = pa.schema([
     pa.field("prediction", pa.int64(), nullable=False),  # -1: the model knew no class yet
     pa.field("score", pa.float32(), nullable=False),  # the head's own score of its prediction (not a probability)
     pa.field("near_future", pa.int64(), nullable=False),  # the prediction of the model k batches back
-    pa.field("model_version", pa.int32(), nullable=False),  # rounds consolidated into the model that predicted
-    pa.field("learned", pa.bool_(), nullable=False),  # false: skipped (a stream that did not wait), or unlabelled
+    pa.field("model_version", pa.int32(), nullable=False),  # consolidations published into the model that predicted
 ])
 
 
@@ -55,17 +53,16 @@ class PrequentialConfig:
 
 
 def prediction_table(batch: pa.RecordBatch, prediction: np.ndarray, score: np.ndarray, near_future: np.ndarray,
-                     version: int, learned: bool = True) -> pa.Table:
+                     version: int) -> pa.Table:
     """One batch's predictions, as `PREDICTIONS` (a label of -1, what the block of a compiled chain keeps for a null
-    label, is written null); `learned`: whether the learner took the batch."""
+    label, is written null)."""
     labels = S.labels_to_numpy(batch)
     tasks = S.task_ids_to_numpy(batch)
     return pa.Table.from_arrays(
         [pa.array(S.sample_ids_to_numpy(batch), pa.int64()),
          pa.array(tasks, pa.int32(), mask=tasks < 0), pa.array(labels, pa.int32(), mask=labels < 0),
          pa.array(np.asarray(prediction, np.int64)), pa.array(np.asarray(score, np.float32)),
-         pa.array(np.asarray(near_future, np.int64)), pa.array(np.full(len(labels), version, np.int32)),
-         pa.array((labels >= 0) & learned)],
+         pa.array(np.asarray(near_future, np.int64)), pa.array(np.full(len(labels), version, np.int32))],
         schema=PREDICTIONS)
 
 
@@ -138,7 +135,6 @@ class Tally:
     recent: list[int] = field(default_factory=list)  # the last `window` rows: 1 right, 0 wrong
     curve: list[dict] = field(default_factory=list)  # after each round: rows so far, overall and window accuracy
     predicted_unlabelled: int = 0
-    skipped: int = 0  # labelled rows the learner could not take (a stream that did not wait): predicted only
     late_labels: int = 0  # unlabelled rows whose label came later in the stream
     late_correct: int = 0  # of those, the ones the prediction made while they were unlabelled got right
 
@@ -155,7 +151,6 @@ class Tally:
         if table is not None and table.num_rows:
             self.predicted_unlabelled += unlabelled(table).num_rows
             rows = labelled(table)
-            self.skipped += rows.num_rows - int(pc.sum(rows.column("learned")).as_py() or 0)
             label = rows.column(S.LABEL).to_numpy().astype(np.int64)
             right = rows.column("prediction").to_numpy() == label
             self.rows += len(label)
@@ -184,7 +179,7 @@ class Tally:
                 "near_future_accuracy": self.near_future_correct / self.rows if self.rows else None,
                 "near_future": config.near_future, "rows": self.rows,
                 "per_task": {t: c / n for t, (c, n) in sorted(self.per_task.items(), key=lambda kv: int(kv[0]))},
-                "predicted_unlabelled": self.predicted_unlabelled, "skipped": self.skipped,
+                "predicted_unlabelled": self.predicted_unlabelled,
                 "late_labels": self.late_labels,
                 "late_label_accuracy": self.late_correct / self.late_labels if self.late_labels else None,
                 "curve": self.curve}

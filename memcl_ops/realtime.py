@@ -1,34 +1,32 @@
-"""A stream that does not wait for its learner (`stream.realtime`; Ghunaim et al., "Real-Time Evaluation in Online
-Continual Learning: A New Hope", CVPR 2023).
+"""The stream's clock (`stream.realtime`): when each batch arrives and when the consolidation running in the
+background is published. Every batch is predicted and learned by the method's per-batch step as it arrives; what
+the clock decides is which model version predicts it.
 
-The stream delivers `rate` batches per unit of the learner's time; learning one batch occupies the learner for
-`cost` units. A batch that arrives while the learner is still busy is **skipped**: predicted by the last
-consolidated model (test-then-train) and never learned. So a method twice as slow learns half of a stream that
-only one of them keeps up with. Two clocks:
+* "off" (the default): the stream waits for its learner. A consolidation starts when a round ends and is published
+  before the next batch arrives.
+* "simulated": the stream does not wait, on an event clock whose unit is one pass over a batch. Batch p arrives at
+  p / rate. A consolidation starts when a round has ended and the trainers are free, takes every row due, and keeps
+  the trainers busy for its cost: `cost` passes per batch of rows it consolidates (the method's declared cost,
+  memcl_ops/costs.py, unless `stream.realtime.cost` sets one). It is published at its start plus its cost, so the
+  batches that arrive meanwhile are predicted by the version before it (Ghunaim et al., "Real-Time Evaluation in
+  Online Continual Learning: A New Hope", CVPR 2023, with the learning moved to the background). The result
+  depends on neither the machine nor its load.
+* "wall": the stream does not wait and a consolidation is published as soon as the trainers have finished it,
+  checked before each batch (machine-dependent; a replayed round may publish at other batches).
 
-* "simulated" (deterministic, the default when on): the unit is one pass over a batch's features, and a method's
-  cost is what it declares (`declared_cost`: its training passes per batch), or `stream.realtime.cost`;
-* "wall": the unit is a second, and the cost of a learned batch is measured: the learner's wall time over the
-  last round (streaming, stage 1, stage 2) per batch it learned. Each round's admissions are decided from the
-  rounds committed before it and kept in the run state, so a replayed or resumed round admits the same batches.
-
-`StreamClock` is the plain state both the runner and `stream_in_process` fold rounds into."""
+`StreamClock` is plain JSON state: the run state checkpoints it, with the consolidation in flight."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:  # the stream's config (memcl_ops/data/streams.py) holds RealtimeConfig: no method imports here
-    from memcl_ops.method_config import MethodConfig
-    from memcl_ops.spec import MethodSpec
+from typing import Literal
 
 
 @dataclass(frozen=True)
 class RealtimeConfig:
     mode: Literal["off", "simulated", "wall"] = "off"
-    rate: float = 1.0  # batches the stream delivers per unit: per pass over a batch (simulated), per second (wall)
-    cost: float | None = None  # simulated: passes per learned batch (None: the method's declared cost)
+    rate: float = 1.0  # simulated: batches the stream delivers per pass over a batch
+    cost: float | None = None  # simulated: passes per consolidated batch of rows (None: the method's declared cost)
 
     def __post_init__(self) -> None:
         if self.mode not in ("off", "simulated", "wall"):
@@ -41,46 +39,51 @@ class RealtimeConfig:
         return self.mode != "off"
 
 
-def declared_cost(spec: MethodSpec, method: MethodConfig) -> float:
-    """Passes over a batch's features that learning it takes: each training epoch of DCDA stage 1 and of a trained
-    head is one (DER++'s replayed minibatch doubles its epochs); a head of sums (the analytic heads, SLDA, the
-    nearest means, the blind baseline) makes one."""
-    method = spec.resolve(method)
-    passes = float(method.stage1.optim.epochs) if spec.stage1 else 0.0
-    if spec.head in ("distill", "ewc", "joint"):
-        passes += method.stage2.optim.epochs
-    elif spec.head == "derpp":
-        passes += 2 * method.stage2.optim.epochs
-    else:
-        passes += 1.0
-    return passes
-
-
 @dataclass
 class StreamClock:
-    """Where the learner stands against the stream (JSON-able; the run state keeps it)."""
+    """Where the trainers stand against the stream, in the stream's time (simulated: passes; "off" and "wall":
+    batches delivered)."""
 
-    cost: float = 0.0  # the learner's time per batch it learns (wall: measured so far; 0 before any)
-    busy_until: float = 0.0  # when the learner is free again, in the stream's time
-    learned_batches: int = 0
-    skipped_batches: int = 0
+    mode: str = "off"
+    rate: float = 1.0
+    cost: float = 0.0  # trainer time per `batch_rows` rows consolidated
+    batch_rows: int = 1
+    free_at: float = 0.0  # when the trainers finished the last published consolidation
+    job: dict | None = None  # the consolidation in flight: {"started", "publish_at" (None: when done), "rows"}
+    published: int = 0  # consolidations published
+    due: int = 0  # rounds ended since the last consolidation started: a consolidation is due while above 0
+    busy: float = 0.0  # trainer time of the consolidations published
 
-    def admit(self, position: int, rate: float) -> bool:
-        """Whether the batch at `position` (0-based, in the whole stream) is learned; it arrives at position / rate."""
-        arrival = position / rate
-        if arrival >= self.busy_until:
-            self.busy_until = arrival + self.cost
-            self.learned_batches += 1
-            return True
-        self.skipped_batches += 1
-        return False
+    @classmethod
+    def start(cls, config: RealtimeConfig, cost: float, batch_rows: int) -> StreamClock:
+        """`cost`: the method's declared passes per consolidated batch (`config.cost` wins when set)."""
+        cost = config.cost if config.cost is not None else cost
+        return cls(config.mode, config.rate if config.mode == "simulated" else 1.0,
+                   cost if config.mode == "simulated" else 0.0, batch_rows)
 
-    def measured(self, learner_seconds: float, learned: int) -> None:
-        """Wall mode: the cost of the rounds to come is the last round's learner seconds per batch it learned."""
-        if learned:
-            self.cost = learner_seconds / learned
+    @property
+    def waits(self) -> bool:
+        return self.mode == "off"
 
+    def arrival(self, position: float) -> float:
+        """When the stream's batch at `position` arrives."""
+        return float(position) / self.rate
 
-def start_clock(config: RealtimeConfig, spec: MethodSpec, method: MethodConfig) -> StreamClock:
-    cost = config.cost if config.cost is not None else declared_cost(spec, method)
-    return StreamClock(cost=cost if config.mode == "simulated" else 0.0)
+    def begin(self, now: float, rows: int) -> None:
+        """A consolidation of `rows` rows starts once the trainers are free (they are at `now` or later)."""
+        started = max(self.free_at, now)
+        duration = self.cost * rows / self.batch_rows
+        self.job = {"started": started, "rows": rows,
+                    "publish_at": None if self.mode == "wall" else started + duration}
+        self.due = 0
+
+    def publishes_by(self, now: float) -> bool:
+        """Whether the consolidation in flight is published by `now` (never for "wall": its end is measured)."""
+        return self.job is not None and self.job["publish_at"] is not None and self.job["publish_at"] <= now
+
+    def end(self, now: float) -> None:
+        """The consolidation in flight is published (at `now` when its end was not known ahead: "wall")."""
+        end = self.job["publish_at"] if self.job["publish_at"] is not None else max(now, self.job["started"])
+        self.busy += end - self.job["started"]
+        self.free_at, self.job = end, None
+        self.published += 1

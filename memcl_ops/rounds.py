@@ -1,5 +1,5 @@
-"""Rounds and evaluation points of a stream, defined once: the runner (pipeline/runner.py) follows them with actors,
-`stream_in_process` with an in-process learner, so both fill the same accuracy matrix.
+"""Rounds and evaluation points of a stream, defined once: the round loop (pipeline/loop.py) follows them, with its
+roles as actors or held in this process.
 
 * a round is a visit of a task, or K consecutive batches regardless of visits when task-free (`plan_rounds`);
 * after a round, the tasks seen so far (the last `window` of them, if set, except after the last round) are
@@ -13,19 +13,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
-from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
-from memcl_ops.learner import Round, StreamLearner
-from memcl_ops.prequential import PrequentialConfig, Tally
-from memcl_ops.realtime import RealtimeConfig, StreamClock
-from memcl_ops.roles.stream_source import StreamSource
 
 RoundBatches = list[tuple[int, int]]  # the (visit, batch index) pairs of one round
 
@@ -95,86 +88,3 @@ def matrix_rows(accuracy: dict[int, float], ended: list[int], tasks: int, task_f
     if task_free:
         return [row] if accuracy else []
     return [row for _ in ended]
-
-
-@dataclass
-class InProcessRun:
-    """What `stream_in_process` leaves: the accuracy matrix, the rows refused at the gate, the learner's report and
-    test-then-train predictions per round."""
-
-    rows: list[list[float]] = field(default_factory=list)
-    refused: list[pa.Table] = field(default_factory=list)
-    reports: list[dict] = field(default_factory=list)
-    predictions: list[pa.Table] = field(default_factory=list)  # per round, its test-then-train predictions
-    anytime: list[list[float]] = field(default_factory=list)  # per round, every task's accuracy (anytime runs)
-
-    def prequential(self, config: PrequentialConfig | None = None) -> dict | None:
-        """The run's test-then-train figures, as the runner's metrics.json has them (None: nothing predicted)."""
-        config = config or PrequentialConfig()
-        if not self.predictions:
-            return None
-        tally = Tally()
-        for table in self.predictions:
-            tally.add(table, config.window)
-        return tally.report(config)
-
-    @property
-    def matrix(self) -> np.ndarray:
-        return np.array(self.rows, dtype=float)
-
-    @property
-    def refused_ids(self) -> np.ndarray:
-        ids = [t.column(S.SAMPLE_ID).to_numpy() for t in self.refused if t.num_rows]
-        return np.sort(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
-
-
-def stream_in_process(learner: StreamLearner, source: StreamSource, schedule: Schedule, every: int = 0,
-                      clock: StreamClock | None = None, realtime: RealtimeConfig | None = None) -> InProcessRun:
-    """Stream `source` through `learner` in this process, round by round, with the runner's rounds and evaluation
-    points: the in-process executor of a run (`memcl run` is the actor one). `every`: batches per task-free round;
-    `clock` and `realtime`: a stream that does not wait (memcl_ops/realtime.py), the learner `watch`ing each batch
-    that arrives while it is busy."""
-    info = source.describe()
-    out, seen = InProcessRun(), []
-    offsets = np.cumsum([0, *info.visit_batches])
-    for r, batches in enumerate(plan_rounds(info, schedule.task_free, every, schedule.anytime)):
-        visits = sorted({v for v, _ in batches})
-        task = None if schedule.task_free else int(info.visits[visits[0]])
-        learner.begin_round(Round(r, task, None if task is None else tuple(info.task_classes[task])))
-        started, learned = time.perf_counter(), 0
-        for v, i in batches:
-            takes = clock is None or clock.admit(int(offsets[v] + i), realtime.rate)
-            learned += takes
-            batch, refused = source.train_batch(v, i)
-            out.refused.append(refused)
-            if batch is not None:
-                (learner.observe if takes else learner.watch)(batch)
-        report = learner.consolidate()
-        if clock is not None and realtime.mode == "wall":
-            clock.measured(time.perf_counter() - started, learned)
-        if "prequential" in report:
-            out.predictions.append(report.pop("prequential"))
-        out.reports.append(report)
-        ended = schedule.ended(info, batches)
-        seen = seen_after(seen, (source.visit_tasks(v) for v in visits))
-        accuracy = {}
-        if schedule.due(info, r, ended):
-            after = schedule.test_visit(batches, ended)
-            accuracy = {t: _accuracy(learner, source, t, after, out.refused)
-                        for t in schedule.tasks(seen, r, len(info.task_classes))}
-        out.rows += matrix_rows(accuracy, ended, len(info.task_classes), schedule.task_free, seen)
-        if schedule.anytime:
-            out.anytime.append([accuracy[t] for t in range(len(info.task_classes))])
-    return out
-
-
-def _accuracy(learner: StreamLearner, source: StreamSource, task: int, after_visit: int, refused: list[pa.Table]
-              ) -> float:
-    right = total = 0
-    for k in range(source.describe().test_batches[task]):
-        batch, dead = source.test_batch(task, k, after_visit)
-        refused.append(dead)
-        if batch is not None:
-            right += int((np.asarray(learner.predict(batch)) == S.labels_to_numpy(batch)).sum())
-            total += batch.num_rows
-    return right / total if total else float("nan")

@@ -7,9 +7,12 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable
 
 import ray
 from ray import exceptions as rex
+
+from memcl.pipeline.executors import ActorCalls
 
 # How long a revival waits for Ray's restart of a killed actor before it starts a new one instead.
 RESTART_WAIT_SECONDS = 60.0
@@ -50,6 +53,8 @@ class ActorCache:
     """The actors of a process tree by role. A later run resets them instead of paying an actor start-up again
     (~4 s each here: a fresh process importing torch); after a fault, `revive` brings a role back."""
 
+    local = False
+
     def __init__(self) -> None:
         self.handles: dict[str, tuple[type, dict, tuple, ray.actor.ActorHandle]] = {}
 
@@ -65,6 +70,10 @@ class ActorCache:
         handle = self._start_anew(role, actor_class, options, args)
         self._wait_ready([role])
         return handle
+
+    def executor(self, handle: Callable[[str], ray.actor.ActorHandle | None]) -> ActorCalls:
+        """Calls to the roles' actors, `handle` giving each role's current actor."""
+        return ActorCalls(handle)
 
     def _start_anew(self, role: str, actor_class: type, options: dict, args: tuple) -> ray.actor.ActorHandle:
         known = self.handles.get(role)
@@ -109,6 +118,10 @@ class ActorCache:
 
     def handle(self, role: str) -> ray.actor.ActorHandle:
         return self.handles[role][3]
+
+    def call(self, role: str, method: str, *args: object) -> object:
+        """One call of a role's actor, waited for."""
+        return ray.get(getattr(self.handle(role), method).remote(*args))
 
     def role_of(self, err: BaseException) -> str | None:
         """The role whose actor an actor fault names (None where it names none of this cache's)."""

@@ -47,7 +47,6 @@ class ChainActors:
     encoders: Sequence[Handle] = ()
     memory: Handle | None = None
     monitor: Handle | None = None
-    accumulate: bool = False  # the encoders also sum an analytic head's statistics
 
 
 def size_channels(handles: Sequence[Handle], message_bytes: int) -> int:
@@ -86,21 +85,22 @@ class CompiledChain:
                 batch, refused = a.source.train_batch.bind(step[2 * j], step[2 * j + 1])
                 letters.append(refused)
                 if a.encoders:
-                    batch, refused = a.encoders[j].encode.bind(batch, a.accumulate)
+                    batch, refused = a.encoders[j].encode.bind(batch)
                     letters.append(refused)
                 features.append(batch)
             if a.memory is None:  # nothing per batch past the features: they come back to the driver
                 return MultiOutputNode([*letters, *features])
             flow = a.flow(GraphBinding({"memory": a.memory, "monitor": a.monitor}))
-            tails = [flow.learn_batch(batch, keep=True) for batch in features]
+            tails = [flow.route(batch, keep=True) for batch in features]
             if a.monitor is None:  # every routing is an output: a graph may not end in a node nobody reads
                 return MultiOutputNode([*letters, *tails])
             return MultiOutputNode([*letters, flow.end_stream()])
 
     def stream(self, batches: Sequence[tuple[int, int]], on_step: Callable[[Sequence[tuple[int, int]]], None]
                ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:
-        """Push `batches` through, at most `max_in_flight` steps at once. Returns (the round's block: feature
-        batch refs for the trainers, the dead-letter tables of every hop)."""
+        """Push `batches` through, at most `max_in_flight` steps at once. Returns (the round's feature batches, as
+        refs, in stream order: one block cut at its `stream_batch` column where the memory manager kept them; the
+        dead-letter tables of every hop)."""
         steps = [batches[a:a + self.width] for a in range(0, len(batches), self.width)]
         pending: deque = deque()
         block: list[ray.ObjectRef] = []

@@ -60,11 +60,10 @@ class EncoderPool:
             free = [r for r in self.roles if len(self.in_flight[r]) < self.max_in_flight]
         return min(free, key=lambda r: (len(self.in_flight[r]), self.calls[r]))
 
-    def encode(self, batch_ref: ray.ObjectRef, accumulate: bool = False) -> tuple[ray.ObjectRef, ray.ObjectRef]:
-        """(feature batch, dead letters) refs for one raw batch ref, from the least busy replica. `accumulate`: the
-        replica also sums the batch into its partial analytic statistics (a training batch)."""
+    def encode(self, batch_ref: ray.ObjectRef) -> tuple[ray.ObjectRef, ray.ObjectRef]:
+        """(feature batch, dead letters) refs for one raw batch ref, from the least busy replica."""
         role = self._pick()
-        features, letters = self.actors.handle(role).encode.remote(batch_ref, accumulate)
+        features, letters = self.actors.handle(role).encode.remote(batch_ref)
         self.in_flight[role].append(features)
         self.calls[role] += 1
         return features, letters
@@ -75,10 +74,6 @@ class EncoderPool:
     def flush_cache(self) -> int:
         """Rows the replicas encoded since the last flush, written to the content cache."""
         return sum(ray.get([replica.flush_cache.remote() for replica in self.replicas]))
-
-    def take_statistics(self) -> list[ray.ObjectRef]:
-        """Each replica's partial analytic statistics since the last take (submitted after every encode so far)."""
-        return [replica.take_statistics.remote() for replica in self.replicas]
 
     def revive(self) -> None:
         self.actors.revive(self.roles)

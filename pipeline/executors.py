@@ -28,6 +28,9 @@ class ActorCalls:
     def get(self, handle: Any) -> Any:
         return ray.get(handle)
 
+    def ready(self, handle: Any) -> bool:
+        return bool(ray.wait([handle], timeout=0)[0])
+
 
 class WorkerGroup:
     """The data-parallel workers of one role, addressed as one actor handle: a call in `everyone` goes to every
@@ -87,4 +90,7 @@ class GraphBinding:
         return getattr(self.handles[role], method).bind(*args, **kwargs)
 
     def get(self, handle: Any) -> Any:
+        raise RuntimeError("a compiled graph is being wired: nothing can be waited for")
+
+    def ready(self, handle: Any) -> bool:
         raise RuntimeError("a compiled graph is being wired: nothing can be waited for")

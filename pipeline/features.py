@@ -1,17 +1,19 @@
 """The pipeline of the "features" family (MARS and its ablations, the baselines, the analytic heads): a learner
 over frozen features, cached in Parquet or encoded in-line. Per training batch the driver only submits calls;
-data moves between actors by object reference:
+data moves between the roles by object reference:
 
     source.train_batch -> [encoder.encode] -> memory.route -> monitor.observe -> memory.expand
-          (gate)              (gate)
+          (gate)              (gate)       -> predictor.step (predicted, then learned by the per-batch step)
 
 (`runtime.transport: compiled` moves the same data through the same actors as one Ray Compiled Graph, by
 shared-memory channels instead of object refs: pipeline/compiled_chain.py.)
-Ray runs one caller's calls to one actor in submission order, so each batch is routed by the memory as it stood
-after the previous batch's expansions, and the result is the same for any `max_in_flight`. At the end of a round:
-DCDA stage 1 on the round's block, then the head learner (stage 2) and its task-end snapshot, then evaluation after
-the visits the round ended (task-free: at every evaluation point). Only the roles the method has are started
-(memcl_ops/methods.py)."""
+One caller's calls to one role run in submission order, so each batch is routed by the memory as it stood after the
+previous batch's expansions, and predicted by the model published before it, whatever `max_in_flight`. When a
+round ends its rows are due; the stream's clock (memcl_ops/realtime.py) says when the consolidation that takes
+them (DCDA stage 1, the trained head) starts in the background and when it is published, and the stream goes on
+meanwhile unless it waits. Evaluation after the visits a round ends (task-free: at every evaluation point) reads the
+model served then. Only the roles the method has are started (memcl_ops/methods.py). The roles are actors, or held
+in this process (`LocalActors`): the same code either way."""
 
 from __future__ import annotations
 
@@ -26,38 +28,45 @@ import ray
 
 from memcl.actors.memory_manager import MemoryManager
 from memcl.actors.novelty_monitor import NoveltyMonitor
+from memcl.actors.predictor import Predictor
 from memcl.actors.stage1_trainer import Stage1Trainer
 from memcl.actors.stage2_trainer import Stage2Trainer
 from memcl.pipeline import checkpoint, preflight
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.compiled_chain import ChainActors, CompiledChain
-from memcl.pipeline.config import RunConfig
+from memcl.pipeline.config import ConfigError, RunConfig
 from memcl.pipeline.encoder_pool import EncoderPool
-from memcl.pipeline.executors import ActorCalls
+from memcl.pipeline.local import LocalActors
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensure_ray, stream_source
 from memcl_ops.arrow import schema as S
+from memcl_ops.costs import consolidation_cost
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
-from memcl_ops.realtime import StreamClock, start_clock
+from memcl_ops.realtime import StreamClock
 from memcl_ops.roles.features import FeatureFlow, role_plan
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds, seen_after
 from memcl_ops.spec import MethodSpec
 
 log = logging.getLogger("memcl")
 
-ACTORS = {"memory": MemoryManager, "monitor": NoveltyMonitor, "stage1": Stage1Trainer, "stage2": Stage2Trainer}
+ACTORS = {"memory": MemoryManager, "monitor": NoveltyMonitor, "stage1": Stage1Trainer, "stage2": Stage2Trainer,
+          "predictor": Predictor}
 
 
 class FeaturePipeline:
-    """The actors of one "features" run: source, encoders (when features are not given), and the method's roles."""
+    """The roles of one "features" run: source, encoders (when features are not given), and the method's roles."""
 
-    def __init__(self, config: RunConfig, spec: MethodSpec, info: StreamInfo, actors: ActorCache, bars: Progress):
+    def __init__(self, config: RunConfig, spec: MethodSpec, info: StreamInfo, actors: ActorCache | LocalActors,
+                 bars: Progress):
         self.config, self.spec, self.actors = config, spec, actors
         rt = config.runtime
         self.encoders, self.features = None, {}
         self.encoding_seconds = 0.0  # filling the feature cache (the stream's own encoding is in its rounds)
         if info.feature_dim is None:
+            if actors.local:
+                raise ConfigError(f"the stream {info.name!r} carries {info.payload!r}, not features: run it with "
+                                  "`memcl.run` (its encoder actors fill the feature cache), or stream features")
             self.encoders = EncoderPool(config, info.payload, actors)
             if rt.cache_dir and info.cacheable:
                 t_encode = time.perf_counter()
@@ -72,140 +81,99 @@ class FeaturePipeline:
         self.inline = self.encoders is not None and not self.features  # no feature cache: encode on the fly
         # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
         self.content_cache = rt.cache_dir if self.inline and rt.cache_dir else None
-        self.method = method = spec.resolve(config.method)
-        # An analytic head over features encoded in-line: each encoder replica sums the statistics of the batches it
-        # encodes and the MemoryManager's statistics store merges them.
-        self.merges = spec.mergeable and self.inline and method.analytic.accumulate_in == "encoders"
+        self.method = spec.resolve(config.method)
         names = ["source"]
         # each role computes where its placement put it: a GPU only where Ray assigned it one
         devices = {role: rt.device(role) for role in ("memory", "monitor", "stage1", "stage2")}
-        plan = role_plan(spec, config.method, info.feature_dim, config.seed, merges=self.merges,
-                         threads=rt.actor_threads, devices=devices, near_future=rt.prequential.near_future)
+        plan = role_plan(spec, config.method, info.feature_dim, config.seed, threads=rt.actor_threads,
+                         devices=devices, near_future=rt.prequential.near_future, buffer=config.stream.buffer)
         for role, (_, args) in plan.items():
             actors.get(role, ACTORS[role], rt.actor_options(role), *args)
             names.append(role)
-        self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else ())
-        self.flow = FeatureFlow(ActorCalls(self.roles.handle), spec, config.method)
+        # a trainer's head between consolidations is the predictor's published snapshot
+        self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else (),
+                           copies={"stage2": "predictor"} if "stage2" in plan else {})
+        self.x = self.roles.x
+        self.flow = FeatureFlow(self.x, spec, config.method)
+        self.cost = consolidation_cost(spec, config.method)
         self.chain: CompiledChain | None = None
         self.message_bytes: int | None = None
-        self._prepare_encoders()
-        self._compile()
-
-    def _prepare_encoders(self) -> None:
-        if self.merges:
-            ray.get([r.use_statistics.remote(self.method.analytic, self.config.seed) for r in self.encoders.replicas])
         if self.content_cache:
             self.encoders.use_cache(self.content_cache)
-
-    def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
-        # pipe.memory, pipe.stage2, ...: the current handle of a role (it changes when a role is revived)
-        if role in ("source", "memory", "monitor", "stage1", "stage2"):
-            return self.roles.handle(role)
-        raise AttributeError(role)
+        self._compile()
 
     def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, self.task_free, self.config.method.consolidate_every, self.config.runtime.anytime)
 
-    def _features(self, batch_ref: ray.ObjectRef, letters: list[ray.ObjectRef], accumulate: bool = False
-                  ) -> ray.ObjectRef:
+    def _features(self, batch: object, letters: list) -> object:
         if not self.inline:
-            return batch_ref
-        features, more = self.encoders.encode(batch_ref, accumulate)
+            return batch
+        features, more = self.encoders.encode(batch)
         letters.append(more)
         return features
 
-    def learn_batch(self, visit: int, index: int, letters: list[ray.ObjectRef]) -> tuple[ray.ObjectRef, ray.ObjectRef]:
-        """Submit one training batch through the chain: (its feature batch, the last call of its chain)."""
-        batch, refused = self.source.train_batch.remote(visit, index)
-        letters.append(refused)
-        feats = self._features(batch, letters, accumulate=self.merges)
-        tail = self.flow.learn_batch(feats)
-        return feats, tail
-
-    def consolidate(self, batches: list[ray.ObjectRef], learned: list[bool] | None, reports: Reports, what: str
-                    ) -> tuple[dict, dict[str, float]]:
-        """The round's batches predicted, then DCDA stage 1 and stage 2 (or the method's head training) on those
-        learned, then the task-end snapshot; the trainers' epochs are shown as `what` stage 1 / stage 2 bars.
-        Returns (report, seconds per stage)."""
-        partials = self.encoders.take_statistics() if self.merges else None
-        out, seconds = self.flow.consolidate(batches, learned=learned, partials=partials, progress=reports.queue,
-                                             wait=lambda ref: reports.get(ref, what))
-        out["epoch_losses"] = reports.take_losses()
-        return out, seconds
+    def clock(self, state: RunState) -> StreamClock:
+        """The stream's clock as the last committed round left it (a copy: only a commit moves it)."""
+        if state.realtime is None:
+            return StreamClock.start(self.config.stream.realtime, self.cost, self.config.stream.batch_size)
+        return StreamClock(**state.realtime)
 
     def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
                      ) -> RoundOutcome:
-        """Stream one round, consolidate, and evaluate after the visits it ends (task-free: if it is an evaluation
-        point)."""
-        rt, info = self.config.runtime, self.info
+        """Stream one round (each batch predicted, then learned by the per-batch step), let the clock start and
+        publish consolidations, and evaluate after the visits the round ends (task-free: at an evaluation point)."""
+        rt, info, x = self.config.runtime, self.info, self.x
         first, last = batches[0][0], batches[-1][0]
         what = (f"task {info.visits[first] + 1}/{len(info.task_classes)} (visit {first + 1}/{len(info.visits)})"
                 if first == last else f"visits {first + 1}-{last + 1}/{len(info.visits)}")
         bar = reports.progress.bar(f"{what} stream", len(batches))
-        t_stream = time.perf_counter()
-        letters: list[ray.ObjectRef] = []
         clock = self.clock(state)
-        learned = None
+        progress = reports.queue
+        self.flow.resume(clock, progress)  # a consolidation in flight at the last commit, after a restore
+        t_stream = time.perf_counter()
+        letters: list = []
+        installs: list = []
         if rt.transport == "compiled":
-            block, refused = self.stream_compiled(batches, bar, on_batch)
+            predictions, refused = self.stream_compiled(batches, bar, on_batch)
         else:
-            (block, learned), refused = self.stream_classic(batches, bar, letters, on_batch, clock), []
+            predictions, refused = [], []
+            in_flight = InFlight(rt.max_in_flight, bar, x.get)
+            for v, i in batches:
+                installs += self.flow.advance(clock, clock.arrival(self.offsets[v] + i), progress=progress)
+                batch, dead = x.call("source", "train_batch", v, i)
+                letters.append(dead)
+                features = self._features(batch, letters)
+                self.flow.route(features)
+                predictions.append(self.flow.step(features))
+                if on_batch is not None:
+                    on_batch(v, i)
+                in_flight.add(predictions[-1])
+            in_flight.drain()
         seconds = {"stream": time.perf_counter() - t_stream}
-        consolidation, trained = self.consolidate(block, learned, reports, what)
-        predictions = consolidation.pop("prequential")
-        seconds.update(trained)
-        if clock is not None and self.config.stream.realtime.mode == "wall":
-            clock.measured(seconds["stream"] + trained["stage1"] + trained["stage2"], sum(learned))
+        t_consolidate = time.perf_counter()
+        self.flow.end_round(clock)
+        last_arrival = clock.arrival(self.offsets[last] + batches[-1][1])
+        installs += self.flow.advance(clock, last_arrival, final=state.next_round == self.rounds - 1,
+                                      progress=progress)
+        reported = [reports.get(handle, what) for handle in installs]
+        seconds["consolidate"] = time.perf_counter() - t_consolidate
 
         t_eval = time.perf_counter()
         schedule = Schedule(self.task_free, self.rounds, rt.evaluate_every, rt.evaluate_window, rt.anytime)
         ended = schedule.ended(info, batches)
-        seen = seen_after(state.seen_tasks, ray.get([self.source.visit_tasks.remote(v)
-                                                     for v in sorted({v for v, _ in batches})]))
+        seen = seen_after(state.seen_tasks, x.get([x.call("source", "visit_tasks", v)
+                                                   for v in sorted({v for v, _ in batches})]))
         accuracy: dict[int, float] = {}
         if schedule.due(info, state.next_round, ended):
             reports.phase("evaluate")
             accuracy = self.evaluate(schedule.tasks(seen, state.next_round, len(info.task_classes)),
                                      schedule.test_visit(batches, ended), letters)
-        refused = [t for t in [*refused, *ray.get(letters)] if t.num_rows]
+        refused = [t for t in [*refused, *x.get(letters)] if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
+        tables = [t for t in x.get(predictions) if t.num_rows]
+        log = {"consolidations": reported, "epoch_losses": reports.take_losses()}
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
-                            seconds, consolidation, predictions, None if clock is None else dataclasses.asdict(clock))
-
-    def clock(self, state: RunState) -> StreamClock | None:
-        """The stream's clock as the last committed round left it (a copy: only a commit moves it); None when the
-        stream waits for its learner."""
-        realtime = self.config.stream.realtime
-        if not realtime.on:
-            return None
-        if state.realtime is None:
-            return start_clock(realtime, self.spec, self.config.method)
-        return StreamClock(**state.realtime)
-
-    def stream_classic(self, batches: RoundBatches, bar, letters: list[ray.ObjectRef], on_batch: BatchHook | None,
-                       clock: StreamClock | None = None) -> tuple[list[ray.ObjectRef], list[bool]]:
-        """The round's batches as actor calls (their dead letters join `letters`); returns (the round's feature
-        batches, whether the learner took each). With a `clock`, a batch that arrives while the learner is busy is
-        fetched for its prediction and not learned."""
-        in_flight = InFlight(self.config.runtime.max_in_flight, bar)
-        block: list[ray.ObjectRef] = []
-        learned: list[bool] = []
-        rate = self.config.stream.realtime.rate
-        for v, i in batches:
-            takes = clock is None or clock.admit(self.offsets[v] + i, rate)
-            if takes:
-                feats, tail = self.learn_batch(v, i, letters)
-            else:
-                batch, refused = self.source.train_batch.remote(v, i)
-                letters.append(refused)
-                feats = tail = self._features(batch, letters)
-            block.append(feats)
-            learned.append(takes)
-            if on_batch is not None:
-                on_batch(v, i)
-            in_flight.add(tail)
-        in_flight.drain()
-        return block, learned
+                            seconds, log, pa.concat_tables(tables) if tables else None, dataclasses.asdict(clock))
 
     def _compile(self) -> None:
         """The compiled chain over the current actors (`runtime.transport: compiled`), built during setup and again
@@ -214,9 +182,9 @@ class FeaturePipeline:
         if rt.transport != "compiled":
             return
         self.chain = CompiledChain(ChainActors(
-            self.source, lambda binding: FeatureFlow(binding, self.spec, self.config.method),
-            self.encoders.replicas if self.inline else (), self.memory if self.spec.memory else None,
-            self.monitor, accumulate=self.merges),
+            self.actors.handle("source"), lambda binding: FeatureFlow(binding, self.spec, self.config.method),
+            self.encoders.replicas if self.inline else (), self.roles.handle("memory"),
+            self.roles.handle("monitor")),
             rt.max_in_flight, rt.compiled_timeout_s, self._message_bytes())
 
     def _message_bytes(self) -> int:
@@ -224,20 +192,23 @@ class FeaturePipeline:
         batch and a batch of float32 features (twice: a dead-letter table or a routing may add to a batch)."""
         if self.message_bytes is None:
             features = self.config.stream.batch_size * (4 * self.info.feature_dim + 64)  # + ids, label, task
-            self.message_bytes = 2 * max(ray.get(self.source.largest_batch_bytes.remote()), features)
+            self.message_bytes = 2 * max(self.x.get(self.x.call("source", "largest_batch_bytes")), features)
         return self.message_bytes
 
     def stream_compiled(self, batches: RoundBatches, bar, on_batch: BatchHook | None
                         ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:
-        """The round's batches through the compiled chain: (the round's block, its dead-letter tables)."""
+        """The round's batches through the compiled chain, then predicted and learned by the predictor in stream
+        order (the stream waits: nothing is published inside a round). Returns (the predictions' handles, the
+        dead-letter tables of every hop)."""
         def on_step(step: list[tuple[int, int]]) -> None:
             bar.update(len(step))
             for v, i in step if on_batch is not None else ():
                 on_batch(v, i)
         try:
-            return self.chain.stream(batches, on_step)
+            block, letters = self.chain.stream(batches, on_step)
         finally:
             bar.close()
+        return [self.flow.step(*block)], letters
 
     def close(self) -> None:
         """Release the actors from the compiled chain, if one was built (a teardown that fails after a fault is
@@ -249,61 +220,65 @@ class FeaturePipeline:
             except Exception as err:
                 log.warning("compiled chain teardown: %s: %s", type(err).__name__, err)
 
-    def evaluate(self, tasks: list[int], after_visit: int, letters: list[ray.ObjectRef]) -> dict[int, float]:
+    def evaluate(self, tasks: list[int], after_visit: int, letters: list) -> dict[int, float]:
         """Accuracy per task on its test data (refused test rows join `letters`)."""
-        refs = {}
+        x, refs = self.x, {}
         for t in tasks:
             refs[t] = []
             for k in range(self.info.test_batches[t]):
-                batch, refused = self.source.test_batch.remote(t, k, after_visit)
+                batch, refused = x.call("source", "test_batch", t, k, after_visit)
                 letters.append(refused)
                 refs[t].append(self.flow.evaluate(self._features(batch, letters)))
         accuracy = {}
         for t, parts in refs.items():
-            counts = np.array(ray.get(parts)).reshape(-1, 2).sum(axis=0)
+            counts = np.array(x.get(parts)).reshape(-1, 2).sum(axis=0)
             accuracy[t] = float(counts[0] / counts[1]) if counts[1] else float("nan")
         return accuracy
 
     def memory_report(self) -> dict[str, int]:
-        """Bytes of all persistent memory: the MemoryManager's stores, the novelty monitor's references, the head."""
+        """Bytes of all persistent memory: the MemoryManager's stores, the novelty monitor's references, the served
+        head, the prototypes and the consolidation buffer."""
         return self.flow.memory_report()
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         """After a fault: every role alive and reset, the source given its features again, all restored."""
-        self.flow.expansions = None  # belonged to the replayed round
+        self.flow.forget_job()  # belonged to the replayed round, or to the actors before
         self.close()  # the fault shut the compiled graph down; it is compiled again over the revived actors below
         self.roles.revive()
         if self.encoders is not None:
             self.encoders.revive()
-        self._prepare_encoders()
+            if self.content_cache:
+                self.encoders.use_cache(self.content_cache)
         for split, (rows, feats) in self.features.items():
-            ray.get(self.source.set_features.remote(split, rows, feats))
+            self.x.get(self.x.call("source", "set_features", split, rows, feats))
         self.roles.restore(parts)
         self._compile()
 
     def learned_ids(self) -> np.ndarray:
-        return ray.get(self.stage2.learned_ids.remote())
+        return self.x.get(self.x.call("predictor", "learned_ids"))
 
     def finish(self, state: RunState) -> dict:
+        x = self.x
         if self.content_cache:  # the rows encoded in-line, written to the content cache once per run
             self.encoders.flush_cache()
         confusion = self.class_confusion() if self.config.runtime.anytime else None
-        history = ray.get(self.memory.call.remote("slots", "history")) if self.spec.memory else {}
-        monitor = ray.get(self.monitor.counters.remote()) if self.monitor is not None else {}
+        history = x.get(x.call("memory", "call", "slots", "history")) if self.spec.memory else {}
+        monitor = x.get(x.call("monitor", "counters")) if x.has("monitor") else {}
         return {"slots": {"history": history.get("slot_history", []), "expansions": history.get("expansions", []),
                           "refused_expansions": history.get("refused_expansions", 0), "monitor": monitor},
                 "memory_bytes": {k: v for k, v in self.memory_report().items() if k != "num_slots"},
+                "consolidation": x.get(x.call("predictor", "counters")),
                 "encoders": self.encoders.info if self.encoders is not None else [],
                 **({"class_confusion": confusion} if confusion is not None else {})}
 
     def class_confusion(self) -> dict:
         """The class confusion matrix of the model at the end on every task's test data (as of the last visit):
         counts[i][k], rows of true class classes[i] predicted as classes[k] (-1: no class known)."""
-        letters: list[ray.ObjectRef] = []
-        parts = [self.flow.confusion(self._features(self.source.test_batch.remote(t, k, len(self.info.visits) - 1)[0],
+        x, letters = self.x, []
+        parts = [self.flow.confusion(self._features(x.call("source", "test_batch", t, k, len(self.info.visits) - 1)[0],
                                                     letters))
                  for t in range(len(self.info.task_classes)) for k in range(self.info.test_batches[t])]
-        pairs = np.concatenate([np.zeros((0, 2), np.int64), *ray.get(parts)])
+        pairs = np.concatenate([np.zeros((0, 2), np.int64), *x.get(parts)])
         classes = sorted({c for task in self.info.task_classes for c in task} | set(pairs.ravel().tolist()))
         index = {c: i for i, c in enumerate(classes)}
         counts = np.zeros((len(classes), len(classes)), np.int64)

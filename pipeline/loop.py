@@ -148,7 +148,8 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
     metrics: `metrics` (what the caller knows: method, seed, ...) with the runner's and the family's. With
     `runtime.chaos_seconds`, an actor of the run is killed every that many seconds while it streams."""
     state = RunState()
-    reports = Reports(bars, keep_losses=rt.tensorboard, on_phase=on_phase)  # the trainers report epochs through it
+    # the trainers report epochs through it
+    reports = Reports(bars, keep_losses=rt.tensorboard, on_phase=on_phase, local=pipe.roles.actors.local)
     recovery = Recovery(pipe, state, rt, run_dir, reports)
     ckpt_dir = run_dir / "checkpoints"
     rounds = pipe.plan()
@@ -268,7 +269,7 @@ def _write_predictions(run_dir: Path, r: int, predicted: pa.Table) -> None:
         path.unlink(missing_ok=True)
         return
     path.parent.mkdir(exist_ok=True)
-    pq.write_table(predicted.drop_columns([S.LABEL, "learned"]), path)
+    pq.write_table(predicted.drop_columns([S.LABEL]), path)
 
 
 def _predictions_path(run_dir: Path, r: int) -> Path:
@@ -379,8 +380,7 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: Runtime
                     "refused": sum(state.refused.values()), "refused_by_reason": state.refused,
                     "refused_test": sum(state.refused_test.values()), "refused_test_by_reason": state.refused_test,
                     "refused_by_origin": state.refused_origins,
-                    "predicted_unlabelled": state.prequential["predicted_unlabelled"],
-                    "skipped": state.prequential["skipped"]},
+                    "predicted_unlabelled": state.prequential["predicted_unlabelled"]},
         "realtime": state.realtime,
         "memory_bytes": {k: v for k, v in pipe.memory_report().items() if k != "num_slots"},
         "wall_seconds": {"total": wall, **state.wall},

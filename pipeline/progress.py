@@ -93,21 +93,22 @@ class Progress:
 
 
 class InFlight:
-    """Backpressure: at most `limit` submitted calls outstanding; waiting on the oldest advances `bar`."""
+    """Backpressure: at most `limit` submitted calls outstanding; waiting on the oldest (by `get`: an executor's)
+    advances `bar`."""
 
-    def __init__(self, limit: int, bar: tqdm | _Silent):
-        self.limit, self.bar = limit, bar
+    def __init__(self, limit: int, bar: tqdm | _Silent, get: Callable[[object], object] = ray.get):
+        self.limit, self.bar, self.get = limit, bar, get
         self.pending: deque[ray.ObjectRef] = deque()
 
     def add(self, ref: ray.ObjectRef) -> None:
         self.pending.append(ref)
         if len(self.pending) > self.limit:
-            ray.get(self.pending.popleft())
+            self.get(self.pending.popleft())
             self.bar.update(1)
 
     def drain(self) -> None:
         """Wait for every outstanding call, then close the bar."""
-        ray.get(list(self.pending))
+        self.get(list(self.pending))
         self.bar.update(len(self.pending))
         self.pending.clear()
         self.bar.close()
@@ -124,10 +125,11 @@ class Reports:
     QUIET_S = 10.0  # a call silent this long gets the seconds bar (a first epoch may take a few seconds)
 
     def __init__(self, progress: Progress, keep_losses: bool = False,
-                 on_phase: Callable[[str], None] | None = None):
-        self.progress, self.on_phase = progress, on_phase
+                 on_phase: Callable[[str], None] | None = None, local: bool = False):
+        """`local`: the roles run in this process, and report on a queue of this process."""
+        self.progress, self.on_phase, self.local = progress, on_phase, local
         listen = progress.enabled or keep_losses
-        self.queue = Queue(actor_options={"num_cpus": 0}) if listen else None
+        self.queue = (LocalQueue() if local else Queue(actor_options={"num_cpus": 0})) if listen else None
         self.losses: dict[str, list[float]] = {}
 
     def phase(self, name: str) -> None:
@@ -143,12 +145,19 @@ class Reports:
             self.queue = None
 
     def take_losses(self) -> dict[str, list[float]]:
-        """The losses per epoch reported since the last call, per label."""
+        """The losses per epoch reported since the last call, per label (what the trainers reported in the
+        background included)."""
+        if self.queue is not None:
+            for label, _, _, loss in self.queue.get_nowait_batch(self.queue.qsize()):
+                self.losses.setdefault(label, []).append(loss)
         losses, self.losses = self.losses, {}
         return losses
 
     def get(self, ref: ray.ObjectRef, what: str) -> object:
-        """ray.get(ref), showing what the actor reports meanwhile under the name `what`."""
+        """ray.get(ref), showing what the actor reports meanwhile under the name `what` (roles of this process:
+        the value, already computed)."""
+        if self.local:
+            return ref
         if self.queue is None:
             return ray.get(ref)
         bars: dict[str, tqdm | _LineBar | _Silent] = {}
@@ -173,3 +182,22 @@ class Reports:
                 bars[label] = self.progress.bar(f"{what} {label}", total, unit="epoch")
             bars[label].update(done - bars[label].n)
             self.losses.setdefault(label, []).append(loss)
+
+
+class LocalQueue:
+    """The progress queue of roles held in this process (the part of `ray.util.queue.Queue` that `Reports` uses)."""
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+
+    def put_nowait(self, item: tuple) -> None:
+        self.items.append(item)
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+    def get_nowait_batch(self, n: int) -> list:
+        return [self.items.popleft() for _ in range(min(n, len(self.items)))]
+
+    def shutdown(self) -> None:
+        self.items.clear()

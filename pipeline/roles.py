@@ -21,6 +21,7 @@ from memcl.actors.stream_source import StreamSource
 from memcl.pipeline import auth, checkpoint
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import ConfigError, RunConfig
+from memcl.pipeline.local import LocalActors
 from memcl.pipeline.progress import Reports
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
@@ -76,7 +77,7 @@ class RunState:
     refused_test_rows: list[str] = field(default_factory=list)
     # the test-then-train figures so far (memcl_ops/prequential.py, Tally)
     prequential: dict = field(default_factory=lambda: dataclasses.asdict(Tally()))
-    realtime: dict | None = None  # the stream's clock (memcl_ops/realtime.py, StreamClock); None: it waits
+    realtime: dict | None = None  # the stream's clock (memcl_ops/realtime.py, StreamClock); None: not started
     anytime_rows: list[list[float]] = field(default_factory=list)  # anytime runs: per round, every task's accuracy
     recoveries: int = 0  # rounds replayed after an actor fault
     elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
@@ -102,7 +103,7 @@ class RoundOutcome:
     # the round's training rows predicted before they were learned (memcl_ops/prequential.py, PREDICTIONS); None:
     # the family predicts none
     predictions: pa.Table | None = None
-    clock: dict | None = None  # the stream's clock after the round (memcl_ops/realtime.py); None: the stream waits
+    clock: dict | None = None  # the stream's clock after the round (memcl_ops/realtime.py); None: the family has none
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,6 @@ class Samples:
     refused_test_by_reason: dict[str, int] = field(default_factory=dict)
     refused_by_origin: dict[str, int] = field(default_factory=dict)  # training and test rows per file (or stream)
     predicted_unlabelled: int = 0  # training rows without a label: predicted (predictions/), never learned
-    skipped: int = 0  # labelled training rows a stream that did not wait went past: predicted, never learned
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,11 @@ class RunResult:
     recoveries: int
     metrics: dict
 
+    @property
+    def matrix(self) -> np.ndarray:
+        """The accuracy matrix: a row per visit ended (task-free: per evaluation point), a column per task."""
+        return np.array(self.metrics["acc_matrix"], dtype=float)
+
     @classmethod
     def of(cls, run_dir: Path, metrics: dict) -> RunResult:
         samples = metrics["samples"]
@@ -141,21 +146,24 @@ class RunResult:
 
 
 class Roles:
-    """The stateful actors of one pipeline by role: their states, restore, revival after a fault, timings."""
+    """The stateful roles of one pipeline by name, as actors (`ActorCache`) or held in this process (`LocalActors`):
+    their states, restore, revival after a fault, timings. `x` calls them."""
 
-    def __init__(self, actors: ActorCache, names: list[str], stateless: tuple[str, ...] = (),
+    def __init__(self, actors: ActorCache | LocalActors, names: list[str], stateless: tuple[str, ...] = (),
                  copies: dict[str, str] | None = None):
         self.actors, self.names = actors, names
         self.stateless = stateless  # roles without state worth checkpointing (encoders): only timed
-        # roles whose state is another role's (data-parallel workers: worker 0's): not checkpointed, restored from it
+        # roles whose state is another role's (data-parallel workers: worker 0's; a trainer: the predictor's copy of
+        # its head): not checkpointed, restored from it
         self.copies = copies or {}
+        self.x = actors.executor(self.handle)
 
-    def handle(self, role: str) -> ray.actor.ActorHandle | None:
+    def handle(self, role: str) -> object | None:
         return self.actors.handle(role) if role in self.names else None
 
     def state(self) -> dict[str, checkpoint.State]:
         own = [r for r in self.names if r not in self.copies]
-        return dict(zip(own, ray.get([self.actors.handle(r).state.remote() for r in own])))
+        return dict(zip(own, self.x.get([self.x.call(r, "state") for r in own])))
 
     def _part(self, parts: dict[str, checkpoint.State], role: str) -> checkpoint.State:
         return parts.get(self.copies.get(role, role), {})
@@ -168,14 +176,14 @@ class Roles:
         if parts is None:
             return
         # a role with an empty state (the frozen LM) leaves no arrays in a checkpoint
-        ray.get([self.actors.handle(r).restore.remote(self._part(parts, r)) for r in self.names])
+        self.x.get([self.x.call(r, "restore", self._part(parts, r)) for r in self.names])
 
     def resume(self, parts: dict[str, checkpoint.State], path: Path) -> None:
         """`restore` from the checkpoint at `path`, role by role: a state that lacks a key the role reads was
         written by an older memcl, and says so in one line."""
         for role in self.names:
             try:
-                ray.get(self.actors.handle(role).restore.remote(self._part(parts, role)))
+                self.x.get(self.x.call(role, "restore", self._part(parts, role)))
             except KeyError as err:  # an actor's RayTaskError is also an instance of its cause's class
                 cause = err.cause if isinstance(err, rex.RayTaskError) else err
                 raise ConfigError(f"{path}: written by an older memcl (the {role} state lacks "
@@ -194,7 +202,7 @@ class Roles:
 
     def timings(self) -> dict[str, dict]:
         names = self.all_names()
-        return dict(zip(names, ray.get([self.actors.handle(r).timings.remote() for r in names])))
+        return dict(zip(names, self.x.get([self.x.call(r, "timings") for r in names])))
 
 
 class StreamPipeline(Protocol):

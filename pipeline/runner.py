@@ -19,6 +19,7 @@ from memcl.pipeline.config import RunConfig, dump_config, load_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped
 from memcl.pipeline.features import FeaturePipeline
 from memcl.pipeline.lm import LMResult, LMRunConfig, run_methods
+from memcl.pipeline.local import LocalActors
 from memcl.pipeline.loop import PhaseHook, RoundHook, discard_unstarted, new_run_dir, stream
 from memcl.pipeline.nsr import NSRPipeline
 from memcl.pipeline.progress import Progress
@@ -29,13 +30,15 @@ log = logging.getLogger("memcl")
 
 
 def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
-        progress: bool | None = None, actors: ActorCache | None = None, on_batch: BatchHook | None = None,
-        on_round: RoundHook | None = None, on_phase: PhaseHook | None = None) -> RunResult | LMResult:
+        progress: bool | None = None, actors: ActorCache | LocalActors | None = None, in_process: bool = False,
+        on_batch: BatchHook | None = None, on_round: RoundHook | None = None,
+        on_phase: PhaseHook | None = None) -> RunResult | LMResult:
     """Run (or resume from its folder) one stream: a `RunConfig` (default: `memcl run`'s) runs its "features" or
     "nsr" method and returns a `RunResult`; an `LMRunConfig` runs each of its "lm" methods (and byte budgets) over
     its task stream and returns an `LMResult`, one `RunResult` per (method, budget).
 
     `actors`: reuse the actors of earlier runs (they are reset); by default the run starts and kills its own.
+    `in_process`: hold every role in this process instead of Ray actors (the same loop and flows, no Ray).
     `on_batch` / `on_round` / `on_phase`: observers (fault injection in tests, resource sampling in `memcl stress`).
     """
     if resume is not None:
@@ -44,19 +47,21 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
         # chaos mode belongs to the session that asked for it, not to the run: a resumed run streams without it
         config = replace(config, runtime=replace(config.runtime, chaos_seconds=0.0))
     if isinstance(config, LMRunConfig):
-        return run_methods(config, run_dir=run_dir, resumed=resume is not None, progress=progress, actors=actors,
-                           on_batch=on_batch, on_phase=on_phase)
+        return run_methods(config, run_dir=run_dir, resumed=resume is not None, progress=progress,
+                           actors=actors or (LocalActors() if in_process else None), on_batch=on_batch,
+                           on_phase=on_phase)
     config = preflight.with_absolute_paths(config or RunConfig())
     spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
     own, given_dir = actors is None, run_dir
-    actors = actors or ActorCache()
+    actors = actors or (LocalActors() if in_process else ActorCache())
     try:
         started = time.perf_counter()
-        ensure_ray(config)
-        preflight.check_gpus(preflight.reserved_gpus(config, spec), ray.cluster_resources().get("GPU", 0),
-                             "the cluster has", preflight.RUN_COPIES)
-        source = stream_source(config, actors)
-        info: StreamInfo = ray.get(source.describe.remote())
+        if not actors.local:
+            ensure_ray(config)
+            preflight.check_gpus(preflight.reserved_gpus(config, spec), ray.cluster_resources().get("GPU", 0),
+                                 "the cluster has", preflight.RUN_COPIES)
+        stream_source(config, actors)
+        info: StreamInfo = actors.call("source", "describe")
         warn_unnamed_labels(info)
         free = "-taskfree" if config.stream.task_free else ""
         run_dir = run_dir or new_run_dir(config.runtime.out, f"{spec.name}-{info.name}{free}-s{config.seed}")

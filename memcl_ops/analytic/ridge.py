@@ -42,6 +42,7 @@ what the learner does about it (measured in benchmarks/RESULTS.md):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 from typing import Literal
@@ -93,9 +94,6 @@ class AnalyticConfig:
     holdout_fraction: float = 0.2  # share of the current task held out when lambda_selection = "holdout" [R]
     drift: Literal["stale", "reproject", "frozen"] = "frozen"  # mars-analytic: see the module docstring [R]
     reproject_ridge: float = 100.0  # η of the reprojection's ridge towards the identity [R]
-    # where the statistics of features encoded in-line (no feature cache) are summed: in the encoder replicas, each
-    # over the batches it encodes, merged by the MemoryManager ("encoders"), or by the head learner ("learner")
-    accumulate_in: Literal["encoders", "learner"] = "encoders"
 
     def __post_init__(self) -> None:
         if self.expansion_dim < 0:
@@ -329,36 +327,6 @@ class RidgeStatistics:
         return gram + self.targets.nbytes + self.classes.nbytes
 
 
-class StatisticsStore:
-    """An analytic head's statistics as a store of the memory manager (memcl_ops/roles/memory_manager.py): the
-    encoder replicas' partial sums of each round merged into one total (none until the first merge)."""
-
-    def __init__(self) -> None:
-        self.total: RidgeStatistics | None = None
-
-    def merge(self, *partials: dict[str, np.ndarray], half_life: int = 0) -> dict[str, np.ndarray]:
-        """Add one round's partial statistics (exact integer sums: the order does not matter) to the total, after
-        forgetting the total by the round's size (`AnalyticConfig.half_life`); returns the total's state, from which
-        the head learner solves."""
-        block = RidgeStatistics.from_state(partials[0])
-        for part in partials[1:]:
-            block.merge(RidgeStatistics.from_state(part))
-        if self.total is None:
-            self.total = block
-        else:
-            self.total.absorb(block, half_life)
-        return self.total.state()
-
-    def report(self) -> dict[str, int]:
-        return {"analytic_statistics": self.total.nbytes() if self.total is not None else 0}
-
-    def state(self) -> dict[str, np.ndarray]:
-        return self.total.state() if self.total is not None else {}
-
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.total = RidgeStatistics.from_state(state) if state else None
-
-
 class Reservoir:
     """Samples kept from the whole stream for choosing λ (and α): the `size` samples of lowest priority, where a
     sample's priority is a hash of its features and label, so which samples are kept does not depend on the order
@@ -420,6 +388,10 @@ class Choice:
     mean_kind: str = "cosine"
 
 
+def _same_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def _cholesky(gram: torch.Tensor, lam: float) -> torch.Tensor:
     factor, info = torch.linalg.cholesky_ex(gram + lam * torch.eye(len(gram), dtype=gram.dtype))
     if int(info):
@@ -454,11 +426,6 @@ class AnalyticHead:
         block = RidgeStatistics(self.stats.dim)
         block.add(self.feature_map(features), np.asarray(labels), device=self.feature_map.device)
         self.stats.absorb(block, self.config.half_life)
-
-    def take_statistics(self) -> RidgeStatistics:
-        """The statistics summed so far, leaving this head's sums at zero (a replica hands on its partial sums)."""
-        taken, self.stats = self.stats, RidgeStatistics(self.stats.dim)
-        return taken
 
     def merge(self, other: AnalyticHead) -> None:
         if self.feature_map.key != other.feature_map.key:
@@ -660,21 +627,25 @@ class AnalyticLearner:
     """The `HeadLearner` of `analytic`, `analytic-rp` (memory None: φ of the frozen features) and `mars-analytic`
     (the head on the slot memory's h̃, drift handled as `config.drift` says).
 
-    Each fit sums the block into the statistics, picks λ on the block and re-solves, so after every task the
-    head is the joint ridge solution on everything seen (exactly, unless "reproject" has moved the sums).
-    `frozen_target` is stage 1's smoothness target ("ln": LN(h), "raw": h), what the "frozen" option sums.
+    Each batch is summed into the statistics as it streams (`observe`), and W is solved again, with the λ chosen
+    last, before the head predicts; a consolidation (`settle`) chooses λ again, on the block or the reservoir. So
+    after every consolidation the head is the joint ridge solution on everything seen (exactly, unless "reproject"
+    has moved the sums). Before the first choice the lazy solve takes the median of `lambda_grid` and no
+    nearest-mean blend. `frozen_target` is stage 1's smoothness target ("ln": LN(h), "raw": h), what the "frozen"
+    option sums.
     """
 
     def __init__(self, feature_dim: int, config: AnalyticConfig, seed: int, frozen_target: str = "ln"):
         self.config, self.frozen_target = config, frozen_target
         self.head = AnalyticHead(feature_dim, config, seed)
-        self.previous_memory: dict[str, np.ndarray] = {}  # the memory at the last fit ("reproject" only)
+        self.previous_memory: dict[str, np.ndarray] = {}  # the memory at the last observed batch ("reproject" only)
         self.fits = 0
         self.seen = 0  # samples summed so far
         self.reservoir = Reservoir(config.selection_samples, config.half_life)  # "reservoir" selection only
+        self.unsolved = False  # batches summed since W was last solved
 
     def to(self, device: torch.device) -> None:
-        """Sum the statistics on `device` (the Stage2Trainer's): the same integers as on the CPU."""
+        """Sum the statistics on `device` (the host's): the same integers as on the CPU."""
         self.head.to(device)
 
     def _train_inputs(self, features: torch.Tensor, memory: FeatureMemory | None) -> torch.Tensor:
@@ -685,42 +656,49 @@ class AnalyticLearner:
         return memory(features).h_tilde
 
     @torch.no_grad()
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+    def observe(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> None:
+        """One batch summed in (and offered to the reservoir); W is solved again before the next prediction."""
         if memory is not None and self.config.drift == "reproject":
-            if self.previous_memory and self.head.stats.count:
+            state = memory.state()
+            if self.previous_memory and self.head.stats.count and not _same_state(state, self.previous_memory):
                 self._reproject(features, memory)
-            self.previous_memory = memory.state()
+            self.previous_memory = state
         x = self._train_inputs(features, memory)
         self.head.update(x, labels)
-        return self._resolve(x, labels)
-
-    def _resolve(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-        """λ (and α) chosen on the block or the reservoir, W re-solved on everything summed."""
         self.seen += len(labels)
         if self.config.lambda_selection == "reservoir":
             self.reservoir.add(np.asarray(x), np.asarray(labels), self.seen)
+        self.unsolved = True
+
+    @torch.no_grad()
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        """Learn a block: `observe` it, then `settle`."""
+        self.observe(features, labels, memory)
+        return self.settle(features, labels, memory)
+
+    @torch.no_grad()
+    def settle(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        """A consolidation of a block `observe` summed already: λ (and α) chosen on the block or the reservoir, W
+        solved on everything summed."""
+        x = self._train_inputs(features, memory)
+        if self.config.lambda_selection == "reservoir":
             choice = self.head.select_lambda(self.reservoir.features, self.reservoir.labels,
                                              weights=self.reservoir.weights(self.seen))
         else:
             choice = self.head.select_lambda(x, labels, seed=self.fits)
         self.head.solve(choice.lam, choice.mean_weight, choice.mean_kind)
         self.fits += 1
+        self.unsolved = False
         return {"lambda": choice.lam, "mean_weight": choice.mean_weight, "mean_euclidean": choice.mean_kind != "cosine",
                 "selection_error": choice.errors[choice.lam]}
 
-    @torch.no_grad()
-    def fit_merged(self, statistics: dict[str, np.ndarray], features: torch.Tensor, labels: torch.Tensor,
-                   memory: FeatureMemory | None) -> dict[str, float]:
-        """`fit` when the encoder replicas summed the statistics (this block included) and the MemoryManager merged
-        them: take the total, choose λ on the block (or the reservoir) and re-solve. The total stays with the
-        MemoryManager, which owns it; this learner keeps W and the reservoir."""
-        if memory is not None:
-            raise ValueError("the encoders sum statistics of the frozen features; a head on a memory's h̃ cannot use "
-                             "them")
-        self.head.stats = RidgeStatistics.from_state(statistics)
-        out = self._resolve(features, labels)
-        self.head.take_statistics()
-        return out
+    def _solved(self) -> AnalyticHead:
+        if self.unsolved and self.head.stats.count:
+            chosen = not np.isnan(self.head.lam)
+            lam = self.head.lam if chosen else float(np.median(self.config.lambda_grid))
+            self.head.solve(lam, self.head.mean_weight if chosen else 0.0, self.head.mean_kind)
+            self.unsolved = False
+        return self.head
 
     def _reproject(self, features: torch.Tensor, memory: FeatureMemory) -> None:
         """Carry the statistics from h̃ under the previous memory to h̃ under `memory` by a linear map T in φ
@@ -746,7 +724,7 @@ class AnalyticLearner:
         stats.targets = np.rint((t.T @ torch.from_numpy(stats.targets.astype(np.float64))).numpy()).astype(np.int64)
 
     def end_task(self, memory: FeatureMemory | None) -> None:
-        """Nothing: every fit already re-solved the head."""
+        """Nothing: every consolidation already solved the head again."""
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
@@ -754,19 +732,28 @@ class AnalyticLearner:
 
     @torch.no_grad()
     def scored(self, features: torch.Tensor, memory: FeatureMemory | None) -> tuple[np.ndarray, np.ndarray]:
-        return self.head.scored(features if memory is None else memory(features).h_tilde)
+        return self._solved().scored(features if memory is None else memory(features).h_tilde)
+
+    def frozen(self) -> AnalyticLearner:
+        """A copy that predicts as this head does now: W and the class means, the feature map shared, no sums."""
+        head = copy.copy(self._solved())  # `solve` replaces W and the means, never changes them in place
+        head.stats = RidgeStatistics(head.stats.dim)
+        out = copy.copy(self)
+        out.head, out.unsolved = head, False
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
         return {**{f"head.{k}": v for k, v in self.head.state().items()},
                 **{f"previous_memory.{k}": v.copy() for k, v in self.previous_memory.items()},
                 **{f"reservoir.{k}": v for k, v in self.reservoir.state().items()},
-                "fits": np.array(self.fits), "seen": np.array(self.seen)}
+                "fits": np.array(self.fits), "seen": np.array(self.seen), "unsolved": np.array(self.unsolved)}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.head.restore({k[5:]: v for k, v in state.items() if k.startswith("head.")})
         self.previous_memory = {k[16:]: np.array(v) for k, v in state.items() if k.startswith("previous_memory.")}
         self.reservoir.restore({k[10:]: v for k, v in state.items() if k.startswith("reservoir.")})
         self.fits, self.seen = int(state["fits"]), int(state["seen"])
+        self.unsolved = bool(state["unsolved"])
 
     def memory_bytes(self) -> dict[str, int]:
         return {**self.head.nbytes(), "previous_memory": int(sum(v.nbytes for v in self.previous_memory.values())),

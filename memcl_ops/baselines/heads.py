@@ -20,6 +20,7 @@ it except scalar bookkeeping.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,6 +64,9 @@ class _TrainedLinearHead:
 
     def end_task(self, memory: FeatureMemory | None) -> None:
         """Nothing by default: learners that consolidate at a boundary override it."""
+
+    def known_classes(self) -> np.ndarray:
+        return np.asarray(self.head.classes, np.int64)
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
@@ -310,7 +314,8 @@ class NearestMeanHead:
         self.sums = np.zeros((0, feature_dim), np.float64)
         self.counts = np.zeros(0, np.int64)
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+    def observe(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> None:
+        """One batch into the class sums (each batch is learned as it streams)."""
         with torch.no_grad():
             h = apply_memory(memory, features).double().numpy()
         y = labels.numpy()
@@ -324,10 +329,23 @@ class NearestMeanHead:
                 found = [len(self.classes) - 1]
             self.sums[found[0]] += h[rows].sum(axis=0)
             self.counts[found[0]] += int(rows.sum())
+
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        """Learn a block (its rows into the sums)."""
+        self.observe(features, labels, memory)
+        return {}
+
+    def settle(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        """Nothing: `observe` summed the block's rows as they streamed."""
         return {}
 
     def end_task(self, memory: FeatureMemory | None) -> None:
         """Nothing: the class means are always up to date."""
+
+    def frozen(self) -> NearestMeanHead:
+        out = NearestMeanHead(self.feature_dim)
+        out.restore(self.state())
+        return out
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
@@ -376,7 +394,8 @@ class StreamingLDAHead:
         self.second_moment = np.zeros((feature_dim, feature_dim) if covariance else (0, 0), np.float64)
         self.solved: tuple[np.ndarray, np.ndarray] | None = None  # `solution` until the statistics change
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+    def observe(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> None:
+        """One batch into the sums (each batch is learned as it streams; the solve waits for the next prediction)."""
         with torch.no_grad():
             h = apply_memory(memory, features).double().numpy()
         y = labels.numpy()
@@ -388,14 +407,31 @@ class StreamingLDAHead:
             self.counts = np.concatenate([self.counts, np.zeros(len(new), np.int64)])
         index = {int(c): i for i, c in enumerate(self.classes)}
         rows = np.array([index[int(c)] for c in y], np.int64)
+        # new arrays, never changed in place: a frozen copy shares the old ones
+        self.sums, self.counts = self.sums.copy(), self.counts.copy()
         np.add.at(self.sums, rows, h)
         np.add.at(self.counts, rows, 1)
         if self.covariance:
-            self.second_moment += h.T @ h
+            self.second_moment = self.second_moment + h.T @ h
+
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        """Learn a block (its rows into the sums)."""
+        self.observe(features, labels, memory)
+        return {}
+
+    def settle(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        """Nothing: `observe` summed the block's rows as they streamed."""
         return {}
 
     def end_task(self, memory: FeatureMemory | None) -> None:
         """Nothing: the statistics are always up to date."""
+
+    def frozen(self) -> StreamingLDAHead:
+        """A copy that predicts as this head does now (it shares the sums, which `observe` replaces, never
+        changes)."""
+        if len(self.classes):
+            self.solution()  # solved once here, kept by the copy
+        return copy.copy(self)
 
     def solution(self) -> tuple[np.ndarray, np.ndarray]:
         """(W, b): a row h scores h·W[c] + b[c] for class c (the classes in `self.classes` order)."""
@@ -464,11 +500,21 @@ class BlindHead:
         self.recent = np.concatenate([self.recent, labels.numpy().astype(np.int64)])[-self.config.window:]
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
+        """Learn a block (its labels into the window)."""
+        self.observe(features, labels, memory)
+        return {}
+
+    def settle(self, features: torch.Tensor, labels: torch.Tensor, memory: FeatureMemory | None) -> dict[str, float]:
         """Nothing: `observe` took each batch's labels as it streamed."""
         return {}
 
     def end_task(self, memory: FeatureMemory | None) -> None:
         """Nothing to consolidate."""
+
+    def frozen(self) -> BlindHead:
+        out = BlindHead(self.config)
+        out.recent = self.recent.copy()
+        return out
 
     def predict(self, features: torch.Tensor, memory: FeatureMemory | None) -> np.ndarray:
         return self.scored(features, memory)[0]

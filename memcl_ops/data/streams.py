@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from memcl_ops.buffer import BufferConfig
 from memcl_ops.realtime import RealtimeConfig
 
 
@@ -39,9 +40,12 @@ class StreamSpec:
     # explicit global class ids of each task (tasks may share classes, e.g. binary topic pairs); overrides the
     # seeded split above and must list `tasks` tasks
     task_classes: tuple[tuple[int, ...], ...] | None = None
-    # the stream does not wait for its learner: batches that arrive while it is busy are predicted, not learned
-    # (memcl_ops/realtime.py; "features" methods over the actor chain)
+    # whether the stream waits for each consolidation, or goes on while the trainers consolidate in the background
+    # (memcl_ops/realtime.py; the "features" methods)
     realtime: RealtimeConfig = RealtimeConfig()
+    # the labelled rows waiting for a consolidation: their byte budget and which go first past it
+    # (memcl_ops/buffer.py)
+    buffer: BufferConfig = BufferConfig()
 
     def __post_init__(self) -> None:
         if self.tasks < 1 or self.batch_size < 1:

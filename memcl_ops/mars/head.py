@@ -82,6 +82,9 @@ class DistillHead:
                       else None)
             self.teacher = Teacher.snapshot(memory, self.head, points)
 
+    def known_classes(self) -> np.ndarray:
+        return np.asarray(self.head.classes, np.int64)
+
     @torch.no_grad()
     def predict(self, features: torch.Tensor, memory: SlotRouter | None) -> np.ndarray:
         return self.head.predict(apply_memory(memory, features))

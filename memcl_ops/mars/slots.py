@@ -61,10 +61,16 @@ class SlotMemory:
         return self.router.num_slots
 
     def load_trained(self, state: dict[str, np.ndarray]) -> None:
-        """Take trained router parameters (stage 1); the slot count must not have changed meanwhile."""
-        if state["keys"].shape[0] != self.router.num_slots:
-            raise ValueError(f"trained memory has {state['keys'].shape[0]} slots, the memory {self.router.num_slots}")
-        self.router.load_state(state)
+        """Take the parameters stage 1 trained (W_q, and K, γ, β of the slots it was given); the anchor statistics
+        and the slots SGSE added while it trained in the background stay as the stream left them."""
+        trained = state["keys"].shape[0]
+        if trained > self.router.num_slots:
+            raise ValueError(f"trained memory has {trained} slots, the memory only {self.router.num_slots}")
+        current = self.router.state()
+        merged = {**current, "w_q": state["w_q"], "query_isometry": state["query_isometry"]}
+        for name in ("keys", "gamma", "beta"):
+            merged[name] = np.concatenate([state[name], current[name][trained:]])
+        self.router.load_state(merged)
 
     def nbytes(self) -> int:
         return self.router.nbytes()

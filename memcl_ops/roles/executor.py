@@ -11,7 +11,7 @@ such handles. Handles may be passed on as arguments to the next call, so a flow 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 
@@ -22,21 +22,27 @@ class Executor(Protocol):
 
     def get(self, handle: Any) -> Any: ...  # a handle's value (a list of handles: their values)
 
+    def ready(self, handle: Any) -> bool: ...  # whether `get` would return at once
+
 
 class InProcess:
-    """The roles as plain objects of this process, called directly."""
+    """The roles as plain objects of this process, called directly: `roles` by name, or a lookup of the current
+    object of a role (None where the run has no such role)."""
 
-    def __init__(self, roles: Mapping[str, object]):
-        self.roles = dict(roles)
+    def __init__(self, roles: Mapping[str, object] | Callable[[str], object | None]):
+        self.handle = roles if callable(roles) else dict(roles).get
 
     def has(self, role: str) -> bool:
-        return role in self.roles
+        return self.handle(role) is not None
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.roles[role], method)(*args, **kwargs)
+        return getattr(self.handle(role), method)(*args, **kwargs)
 
     def get(self, handle: Any) -> Any:
         return handle
+
+    def ready(self, handle: Any) -> bool:
+        return True
 
 
 def store_call(executor: Executor, store: str, method: str, *args: Any, **kwargs: Any) -> Any:

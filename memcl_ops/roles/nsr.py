@@ -1,5 +1,5 @@
 """The flow of an "nsr" method (NSR and its memoryless allocations, docs/methods.md), written once: the in-process
-learner (memcl_ops/nsr/learner.py) runs it over roles in this process, `memcl run` over actors (pipeline/nsr.py).
+learner (memcl_ops/learners/nsr.py) runs it over roles in this process, `memcl run` over actors (pipeline/nsr.py).
 
 Per visit of a task:
     the first batches, until their rows make the probe -> adapter_trainer.key (LoRA off) -> bank.arrive

@@ -1,4 +1,6 @@
-"""Stage1Trainer role: DCDA stage 1 (memory parameters only) on the current block of data."""
+"""Stage1Trainer role: DCDA stage 1 (memory parameters only) on a consolidation's block. It keeps nothing between
+consolidations: each starts from the memory state it is given, seeded by the consolidation's number, so a
+consolidation started again after a fault trains the same memory."""
 
 from __future__ import annotations
 
@@ -31,28 +33,25 @@ class Stage1Trainer:
             torch.set_num_threads(threads)
         self.device = resolve_device(device)
         self.feature_dim, self.router_config, self.config, self.seed = feature_dim, router, config, seed
-        self.rounds = 0
-        self.losses: list[list[float]] = []
         self.clock = StageClock()
 
-    def train(self, memory_state: dict[str, np.ndarray], *batches: pa.RecordBatch,
+    def train(self, memory_state: dict[str, np.ndarray], *batches: pa.RecordBatch | None, consolidation: int = 0,
               progress: ProgressQueue | None = None) -> dict[str, np.ndarray]:
-        """Return the memory state after stage 1 on `batches` (the classifier is not involved); each epoch is
-        reported on `progress` if given."""
+        """Return the memory state after stage 1 on `batches` (the classifier is not involved), the `consolidation`-th
+        of the run; each epoch is reported on `progress` if given."""
         with self.clock.time("stage1"), report_epochs(epoch_reporter(progress, "stage 1")):
             router = SlotRouter.from_state(self.feature_dim, self.router_config, memory_state).to(self.device)
             x, y, _ = S.labelled_block(batches)
             if len(y):
-                self.losses.append(train_stage1(router, x.to(self.device), y.to(self.device), self.config,
-                                                seed=self.seed * 100_003 + self.rounds))
-            self.rounds += 1
+                train_stage1(router, x.to(self.device), y.to(self.device), self.config,
+                             seed=self.seed * 100_003 + consolidation)
             return router.state()
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"rounds": np.array(self.rounds)}
+        return {}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.rounds = int(state["rounds"])
+        """Nothing: each consolidation brings what it starts from."""
 
     def timings(self) -> dict:
         return self.clock.report()

@@ -1,62 +1,98 @@
-"""A stream that does not wait (memcl_ops/realtime.py): which batches a learner of a given cost takes at a given
-stream rate, the declared costs, and the in-process learner's accounting of what it skipped."""
+"""The stream's clock (memcl_ops/realtime.py), the consolidation buffer (memcl_ops/buffer.py) and the declared
+costs (memcl_ops/costs.py): when a consolidation starts and is published, which rows wait for it and which the
+buffer lets go."""
 
 import numpy as np
 import pytest
 
+from memcl_ops.buffer import BufferConfig, ConsolidationBuffer
+from memcl_ops.costs import consolidation_cost
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.methods import method_spec
-from memcl_ops.realtime import RealtimeConfig, StreamClock, declared_cost, start_clock
-from tests.unit.test_prequential import gaussian_rounds, learner
+from memcl_ops.realtime import RealtimeConfig, StreamClock
 
 
-def taken(cost: float, rate: float, batches: int = 12) -> list[int]:
-    clock = StreamClock(cost=cost)
-    return [p for p in range(batches) if clock.admit(p, rate)]
+def test_a_consolidation_is_published_its_cost_after_it_starts_and_the_next_waits_for_the_trainers():
+    clock = StreamClock.start(RealtimeConfig("simulated", rate=2.0), cost=3.0, batch_rows=10)
+    assert clock.arrival(4) == 2.0  # two batches per pass
+    clock.due += 1
+    clock.begin(now=2.0, rows=20)  # two batches of rows at 3 passes each: busy 6 passes
+    assert clock.due == 0 and clock.job["publish_at"] == 8.0
+    assert not clock.publishes_by(7.5) and clock.publishes_by(8.0)
+    clock.end(8.0)
+    assert (clock.free_at, clock.busy, clock.published) == (8.0, 6.0, 1)
+    clock.begin(now=5.0, rows=5)  # due since 5.0, but the trainers were free only at 8.0
+    assert clock.job["started"] == 8.0 and clock.job["publish_at"] == 9.5
 
 
-def test_a_learner_twice_as_slow_as_the_stream_takes_every_other_batch():
-    assert taken(1.0, 1.0) == list(range(12))  # keeps up exactly
-    assert taken(2.0, 1.0) == list(range(0, 12, 2))
-    assert taken(1.0, 2.0) == list(range(0, 12, 2))  # the same ratio, the stream twice as fast
-    assert taken(3.0, 1.0) == list(range(0, 12, 3))
-    assert taken(2.0, 0.5) == list(range(12))  # a stream half as fast: nothing skipped
-    clock = StreamClock(cost=4.0)
-    for p in range(12):
-        clock.admit(p, 1.0)
-    assert (clock.learned_batches, clock.skipped_batches) == (3, 9)
+def test_a_stream_that_waits_publishes_each_consolidation_when_it_starts():
+    clock = StreamClock.start(RealtimeConfig(), cost=11.0, batch_rows=256)
+    assert clock.cost == 0.0 and clock.waits
+    clock.begin(now=clock.arrival(7), rows=10_000)
+    assert clock.publishes_by(clock.arrival(7))
 
 
-def test_wall_mode_costs_the_last_round_per_batch_learned():
-    clock = start_clock(RealtimeConfig("wall", rate=10.0), method_spec("ncm"), MethodConfig(name="ncm"))
-    assert clock.cost == 0.0  # nothing measured yet: the first round takes every batch
-    clock.measured(2.0, 4)
-    assert clock.cost == 0.5
-    clock.measured(1.0, 0)  # a round that learned nothing measures nothing
-    assert clock.cost == 0.5
+def test_wall_mode_publishes_when_the_trainers_are_done_not_at_a_declared_time():
+    clock = StreamClock.start(RealtimeConfig("wall", rate=5.0, cost=4.0), cost=1.0, batch_rows=8)
+    clock.begin(now=3.0, rows=80)
+    assert clock.job["publish_at"] is None and not clock.publishes_by(1e9)
+    clock.end(now=7.0)
+    assert clock.free_at == 7.0 and clock.busy == 4.0
 
 
-def test_declared_costs_count_the_training_passes_over_a_batch():
+def test_declared_costs_count_the_trainers_passes_over_a_consolidated_batch():
     mars = MethodConfig(name="mars")
-    assert declared_cost(method_spec("mars"), mars) == mars.stage1.optim.epochs + mars.stage2.optim.epochs
-    assert declared_cost(method_spec("derpp"), MethodConfig(name="derpp")) == 2 * mars.stage2.optim.epochs
-    for name in ("analytic", "slda", "ncm", "blind"):
-        assert declared_cost(method_spec(name), MethodConfig(name=name)) == 1.0
+    assert consolidation_cost(method_spec("mars"), mars) == mars.stage1.optim.epochs + mars.stage2.optim.epochs
+    assert consolidation_cost(method_spec("derpp"), MethodConfig(name="derpp")) == 2 * mars.stage2.optim.epochs
+    assert consolidation_cost(method_spec("mars-analytic"), MethodConfig(name="mars-analytic")) == \
+        mars.stage1.optim.epochs  # the head settles in place; stage 1 trains in the background
+    for name in ("analytic", "slda", "ncm", "blind"):  # each batch learned as it streams
+        assert consolidation_cost(method_spec(name), MethodConfig(name=name)) == 0.0
     with pytest.raises(ValueError, match="rate"):
         RealtimeConfig("simulated", rate=0.0)
 
 
-def test_the_in_process_learner_predicts_what_it_skips_and_learns_the_rest():
-    rounds = gaussian_rounds(1, rounds=4, per_round=3)
-    model = learner("ncm", 2)
-    clock = StreamClock(cost=2.0)
-    tables = []
-    for r, batches in enumerate(rounds):
-        model.begin_round(None)
-        for j, batch in enumerate(batches):
-            (model.observe if clock.admit(3 * r + j, 1.0) else model.watch)(batch)
-        tables.append(model.consolidate()["prequential"])
-    learned = np.concatenate([t.column("learned").to_numpy() for t in tables])
-    ids = np.concatenate([t.column("sample_id").to_numpy() for t in tables])
-    assert len(ids) == 12 * 8 and learned.sum() == 6 * 8  # every other batch taken, every batch predicted
-    np.testing.assert_array_equal(np.sort(model.roles["stage2"].learned_ids()), np.sort(ids[learned]))
+def _buffer(rows: int, policy: str = "class-balanced", dim: int = 4) -> ConsolidationBuffer:
+    return ConsolidationBuffer(dim, BufferConfig(rows * (4 * dim + 32), policy), seed=3)
+
+
+def _add(buffer: ConsolidationBuffer, labels: list[int], first: int, round_index: int = 0) -> None:
+    n = len(labels)
+    buffer.add(np.arange(first, first + n), np.full((n, buffer.feature_dim), float(first)), np.array(labels),
+               np.zeros(n), first, round_index)
+
+
+def test_past_its_budget_the_class_balanced_buffer_lets_the_fullest_classes_oldest_rows_go():
+    buffer = _buffer(rows=6)
+    _add(buffer, [0, 0, 0, 0, 1, 1], first=0)
+    _add(buffer, [2, 2], first=6)  # two rows over: both from class 0, its oldest
+    assert buffer.let_go == 2 and len(buffer) == 6
+    assert sorted(buffer.ids[buffer.labels == 0].tolist()) == [2, 3]
+    assert sorted(np.unique(buffer.labels, return_counts=True)[1].tolist()) == [2, 2, 2]
+
+
+def test_the_reservoir_buffer_draws_what_goes_by_the_arrival_it_is_at():
+    kept = []
+    for _ in range(2):  # a replay lets the same rows go
+        buffer = _buffer(rows=5, policy="reservoir")
+        _add(buffer, [0] * 4, first=0)
+        _add(buffer, [1] * 4, first=4)
+        kept.append(buffer.ids.tolist())
+        assert buffer.let_go == 3 and len(buffer) == 5
+    assert kept[0] == kept[1]
+
+
+def test_a_consolidation_takes_the_rows_of_ended_rounds_in_arrival_order_and_leaves_the_open_one():
+    buffer = _buffer(rows=100)
+    _add(buffer, [0, 1], first=0, round_index=0)
+    _add(buffer, [1, 0], first=2, round_index=1)
+    _add(buffer, [2], first=4, round_index=2)
+    assert buffer.due(open_round=2) == 4
+    block = buffer.take(open_round=2)
+    assert block.column("sample_id").to_pylist() == [0, 1, 2, 3]
+    assert block.column("arrival").to_pylist() == [0, 1, 2, 3]
+    assert buffer.ids.tolist() == [4] and buffer.take(open_round=2) is None
+    state = buffer.state()
+    again = _buffer(rows=100)
+    again.restore(state)
+    assert again.take(open_round=3).column("sample_id").to_pylist() == [4]

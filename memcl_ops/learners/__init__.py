@@ -1,13 +1,15 @@
-"""`build_learner`: the in-process `StreamLearner` of any registered method (memcl_ops/methods.py), by its name."""
+"""The in-process learners, one per method family (features.py, nsr.py, lm.py): each runs its family's one flow
+(memcl_ops/roles/) over roles held as plain objects. `build_learner` gives the `StreamLearner` of any registered
+method (memcl_ops/methods.py) by its name."""
 
 from __future__ import annotations
 
-from memcl_ops.feature_learner import FeatureLearner
 from memcl_ops.learner import StreamLearner
+from memcl_ops.learners.features import FeatureLearner
+from memcl_ops.learners.lm import LMLearner
+from memcl_ops.learners.nsr import NSRLearner
 from memcl_ops.method_config import LMMethodConfig, MethodConfig
 from memcl_ops.methods import method_spec
-from memcl_ops.nsr.learner import NSRLearner
-from memcl_ops.roles.lm import LMLearner
 
 
 def build_learner(name: str, config: MethodConfig | LMMethodConfig, seed: int = 0, **context: object) -> StreamLearner:

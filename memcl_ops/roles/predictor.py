@@ -1,0 +1,332 @@
+"""Predictor role: the model a "features" run serves while it learns. Every training batch is predicted by the
+newest published model, then learned at once by the method's cheap step, and its labelled rows wait in the
+consolidation buffer (memcl_ops/buffer.py) until a consolidation takes them:
+
+* a head that learns each batch exactly (one with `observe`: the analytic heads, SLDA, the nearest means, the blind
+  baseline) adds the batch to its sums; its consolidation only settles what they hold (λ chosen again), in place;
+* a trained head (MARS's stage 2, LwF, fine-tuning, EWC, DER++, joint) is consolidated by the trainers in the
+  background; meanwhile the class prototypes here (running class means of the raw features) answer for the classes
+  the published head has not learned yet, so a class seen once is predicted from its next batch on.
+
+A consolidation's result is published (`install`) as a new model version; every prediction row carries the version
+that made it. The predictor keeps the published head's full state, which is where the trainer's head stands between
+consolidations (a checkpoint of the trainer is this copy), and the in-flight consolidation's inputs, so a restored
+run starts that consolidation again and publishes the same model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from memcl_ops.arrow import schema as S
+from memcl_ops.buffer import BufferConfig, ConsolidationBuffer
+from memcl_ops.clock import StageClock
+from memcl_ops.learner import FeatureMemory, HeadLearner
+from memcl_ops.method_config import MethodConfig
+from memcl_ops.methods import build_head, method_spec
+from memcl_ops.prequential import NearFutureModels, PrequentialConfig, prediction_table
+from memcl_ops.tensors import array_bytes, prefixed, state_part
+
+MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's state -> the memory
+
+
+class ClassPrototypes:
+    """Running means of each class's raw features (float64 sums, so the order of the rows does not matter)."""
+
+    def __init__(self, feature_dim: int):
+        self.classes = np.zeros(0, np.int64)
+        self.sums = np.zeros((0, feature_dim), np.float64)
+        self.counts = np.zeros(0, np.int64)
+
+    def add(self, features: np.ndarray, labels: np.ndarray) -> None:
+        new = np.setdiff1d(np.unique(labels), self.classes)
+        if len(new):
+            self.classes = np.concatenate([self.classes, new])
+            self.sums = np.concatenate([self.sums, np.zeros((len(new), self.sums.shape[1]))])
+            self.counts = np.concatenate([self.counts, np.zeros(len(new), np.int64)])
+        index = {int(c): i for i, c in enumerate(self.classes)}
+        rows = np.array([index[int(c)] for c in labels], np.int64)
+        np.add.at(self.sums, rows, features.astype(np.float64))
+        np.add.at(self.counts, rows, 1)
+
+    def nearest(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the class of the nearest mean, its squared Euclidean distance) per row."""
+        means = self.sums / self.counts[:, None]
+        x = features.astype(np.float64)
+        distance = (x * x).sum(1)[:, None] - 2 * x @ means.T + (means * means).sum(1)[None, :]
+        best = distance.argmin(axis=1)
+        return self.classes[best], distance[np.arange(len(best)), best]
+
+    def copy(self) -> ClassPrototypes:
+        out = ClassPrototypes(self.sums.shape[1])
+        out.classes, out.sums, out.counts = self.classes.copy(), self.sums.copy(), self.counts.copy()
+        return out
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"classes": self.classes.copy(), "sums": self.sums.copy(), "counts": self.counts.copy()}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.classes = np.array(state["classes"], np.int64)
+        self.sums = np.array(state["sums"], np.float64).reshape(len(self.classes), -1)
+        self.counts = np.array(state["counts"], np.int64)
+
+
+Model = tuple[HeadLearner, FeatureMemory | None, ClassPrototypes | None]  # what predicts: head, memory, prototypes
+
+
+class Predictor:
+    """`memory_from_state`: how the memory the head reads is rebuilt from its state (None: the method has none);
+    `near_future`: the k of near-future accuracy (memcl_ops/prequential.py); `buffer`: the consolidation buffer's
+    budget and policy; `threads`: the hosting process's torch threads (None: leave them)."""
+
+    def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
+                 memory_from_state: MemoryBuilder | None = None, near_future: int = PrequentialConfig.near_future,
+                 buffer: BufferConfig = BufferConfig()):
+        self.reset(method, feature_dim, seed, threads, memory_from_state, near_future, buffer)
+
+    def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
+              memory_from_state: MemoryBuilder | None = None, near_future: int = PrequentialConfig.near_future,
+              buffer: BufferConfig = BufferConfig()) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        self.spec = method_spec(method.name)
+        self.method = self.spec.resolve(method)
+        self.feature_dim, self.seed = feature_dim, seed
+        self.memory_from_state = memory_from_state
+        self.head: HeadLearner = self._new_head()
+        self.online = hasattr(self.head, "observe")  # learns each batch itself: consolidation settles in place
+        self.memory: FeatureMemory | None = None
+        self.memory_state: dict[str, np.ndarray] = {}  # the state `memory` was built from
+        self.prototypes = None if self.online else ClassPrototypes(feature_dim)
+        self.buffer = ConsolidationBuffer(feature_dim, buffer, seed)
+        self.version = 0  # consolidations published
+        self.round = 0  # the open round: its rows are not due yet
+        self.observed = 0  # labelled training rows learned by the per-batch step
+        self.in_flight: dict[str, np.ndarray] = {}  # the running consolidation's inputs (block, memory)
+        self.learned: list[np.ndarray] = []  # sample ids of every consolidated row, for exactly-once accounting
+        self.staleness = np.zeros(2, np.int64)  # over the consolidated rows: Σ rows delivered meanwhile, the most
+        self.earlier: NearFutureModels[Model] = NearFutureModels(near_future)
+        self.clock = StageClock()
+
+    def _new_head(self) -> HeadLearner:
+        return build_head(self.spec, self.method, self.feature_dim, self.seed)
+
+    # -- the stream: each batch predicted, then learned by the cheap step and buffered --
+
+    def step(self, *batches: pa.RecordBatch | None) -> pa.Table:
+        """Test-then-train over stream batches in order (a block kept as one batch is cut at its `stream_batch`
+        column; None, a batch the gate refused whole, is skipped): each predicted by the model as it stands and by
+        the model of `near_future` batches back, then learned. Returns the predictions (memcl_ops/prequential.py)."""
+        with self.clock.time("step"):
+            tables = []
+            for batch in (part for b in batches if b is not None for part in S.stream_batches(b)):
+                features = S.features_to_torch(batch)
+                prediction, score = self._scored(self._model(), features)
+                old = self.earlier.for_next()
+                near = prediction if old is None else self._scored(old, features)[0]
+                tables.append(prediction_table(batch, prediction, score, near, self.version))
+                self.earlier.predicted()
+                x, y, ids = S.labelled_block((batch,))
+                if len(y):
+                    self.earlier.changing(self._model_copy)
+                    self._learn(batch, x, y, ids)
+            return pa.concat_tables(tables) if tables else prediction_table(
+                S.feature_batch(np.zeros(0, np.int64), np.zeros((0, self.feature_dim))), *([np.zeros(0)] * 3), 0)
+
+    def _learn(self, batch: pa.RecordBatch, x: torch.Tensor, y: torch.Tensor, ids: np.ndarray) -> None:
+        if self.online:
+            self.head.observe(x, y, self.memory)
+        else:
+            self.prototypes.add(x.numpy(), y.numpy())
+        labels = S.labels_to_numpy(batch)
+        self.buffer.add(ids, x.numpy(), y.numpy(), S.task_ids_to_numpy(batch)[labels >= 0], self.observed,
+                        self.round)
+        self.observed += len(y)
+
+    def end_round(self) -> None:
+        """The open round ended: its rows are due for consolidation."""
+        self.round += 1
+
+    # -- consolidation: the due rows taken, the result published --
+
+    def take_block(self, memory_state: dict[str, np.ndarray] | None = None) -> pa.RecordBatch | None:
+        """The due rows, out of the buffer, for the consolidation that starts now (None: no row due), kept with
+        `memory_state` (the memory it starts from) until it is published."""
+        block = self.buffer.take(self.round)
+        self.in_flight = {"running": np.array(True), **prefixed("memory", memory_state or {}),
+                          **(prefixed("block", _block_arrays(block)) if block is not None else {})}
+        return block
+
+    def consolidation(self) -> tuple[pa.RecordBatch | None, dict[str, np.ndarray] | None]:
+        """The in-flight consolidation's inputs: its block and the memory it started from (a restored run starts
+        it again)."""
+        block = state_part(self.in_flight, "block")
+        return _block_from(block) if block else None, state_part(self.in_flight, "memory") or None
+
+    def in_flight_rows(self) -> int:
+        return len(state_part(self.in_flight, "block").get("ids", ()))
+
+    def running(self) -> bool:
+        """Whether a consolidation has taken its rows and is not published yet."""
+        return bool(self.in_flight)
+
+    def install(self, snapshot: dict[str, np.ndarray] | None = None,
+                memory_state: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+        """Publish the in-flight consolidation as the next version: a trained head's `snapshot` (its state after
+        the consolidation, with the memory it was trained through under "memory."), or, for a head that learns
+        online, the `memory_state` it reads from now on and its settling on the block, here. Returns the head's
+        report (an online head's λ choice) and what the consolidation took."""
+        with self.clock.time("install"):
+            block, _ = self.consolidation()
+            report: dict[str, float] = {}
+            self.earlier.changing(self._model_copy)
+            if snapshot is not None:
+                self.head = self._new_head()
+                self.head.restore(state_part(snapshot, "head"))
+                self._set_memory(state_part(snapshot, "memory") or None)
+                report = {k: v.item() for k, v in state_part(snapshot, "report").items()}
+            else:
+                if memory_state is not None:
+                    self._set_memory(memory_state)
+                if block is not None:
+                    x, y, _ = S.labelled_block((block,))
+                    report = self.head.settle(x, y, self.memory)
+                self.head.end_task(self.memory)
+            self.version += 1
+            if block is not None:
+                ids = S.sample_ids_to_numpy(block)
+                self.learned.append(ids)
+                # an online head learned each row as it came: the next batch was predicted with it
+                waited = np.zeros(len(ids), np.int64) if self.online else (
+                    self.observed - 1 - block.column("arrival").to_numpy())
+                self.staleness[0] += int(waited.sum())
+                self.staleness[1] = max(int(self.staleness[1]), int(waited.max(initial=0)))
+                report = {**report, "rows": len(ids)}
+            self.in_flight = {}
+            return report
+
+    def _set_memory(self, memory_state: dict[str, np.ndarray] | None) -> None:
+        self.memory_state = dict(memory_state or {})
+        self.memory = self.memory_from_state(self.memory_state) if memory_state else None
+
+    # -- what the served model answers --
+
+    def _model(self) -> Model:
+        return self.head, self.memory, self.prototypes
+
+    def _model_copy(self) -> Model:
+        """The model as it stands, kept apart from the learning to come: an online head's frozen copy (a trained
+        head is replaced at each install, never changed) and the prototypes' copy."""
+        head = self.head.frozen() if self.online else self.head
+        return head, self.memory, None if self.prototypes is None else self.prototypes.copy()
+
+    def _scored(self, model: Model, features: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        head, memory, prototypes = model
+        prediction, score = head.scored(features, memory)
+        if prototypes is None or not len(prototypes.classes):
+            return prediction, score
+        unknown = np.setdiff1d(prototypes.classes, head.known_classes())
+        if not len(unknown):
+            return prediction, score
+        nearest, distance = prototypes.nearest(features.numpy())
+        new = np.isin(nearest, unknown)  # the nearest class mean is a class the head cannot name yet
+        return np.where(new, nearest, prediction), np.where(new, -distance, score).astype(np.float32)
+
+    def predict(self, batch: pa.RecordBatch) -> np.ndarray:
+        """The class of every row of a feature batch, by the model served now."""
+        return self._scored(self._model(), S.features_to_torch(batch))[0]
+
+    def evaluate(self, batch: pa.RecordBatch | None) -> tuple[int, int]:
+        """(correct, total) on a labelled feature batch (None: every row was refused)."""
+        if batch is None:
+            return 0, 0
+        with self.clock.time("evaluate"):
+            labels = S.labels_to_numpy(batch)
+            return int((self.predict(batch) == labels).sum()), len(labels)
+
+    def confusion(self, batch: pa.RecordBatch | None) -> np.ndarray:
+        """(label, predicted class) of every row of a labelled feature batch, as an (n, 2) array."""
+        if batch is None:
+            return np.zeros((0, 2), np.int64)
+        return np.stack([S.labels_to_numpy(batch), self.predict(batch)], axis=1)
+
+    # -- accounting, memory, state --
+
+    def learned_ids(self) -> np.ndarray:
+        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+
+    def counters(self) -> dict[str, Any]:
+        """Rows observed, consolidated and let go, and the staleness of the consolidated ones (labelled rows
+        delivered between a row's arrival and the first version that learned it)."""
+        consolidated = int(sum(len(ids) for ids in self.learned))
+        return {"observed": self.observed, "consolidated": consolidated, "let_go": self.buffer.let_go,
+                "buffered": len(self.buffer) + self.in_flight_rows(),
+                "versions": self.version,
+                "staleness_mean": float(self.staleness[0] / consolidated) if consolidated else None,
+                "staleness_max": int(self.staleness[1])}
+
+    def memory_bytes(self) -> dict[str, int]:
+        """The served head's parts (`head.*`), the prototypes and the buffer (with the block a consolidation
+        holds)."""
+        out = prefixed("head", self.head.memory_bytes())
+        if self.prototypes is not None:
+            out["prototypes"] = array_bytes(self.prototypes.state())
+        out["buffer"] = self.buffer.nbytes() + array_bytes(state_part(self.in_flight, "block"))
+        return out
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {**prefixed("head", self.head.state()), **prefixed("memory", self.memory_state),
+               **prefixed("buffer", self.buffer.state()), **prefixed("in_flight", self.in_flight),
+               "counters": np.array([self.version, self.round, self.observed, *self.staleness], np.int64),
+               "learned": self.learned_ids()}
+        if self.prototypes is not None:
+            out.update(prefixed("prototypes", self.prototypes.state()))
+        out.update(prefixed("versions", self.earlier.state(self._versions_state)))
+        return out
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.head = self._new_head()
+        self.head.restore(state_part(state, "head"))
+        self._set_memory(state_part(state, "memory") or None)
+        self.buffer.restore(state_part(state, "buffer"))
+        self.in_flight = state_part(state, "in_flight")
+        self.version, self.round, self.observed, *staleness = (int(v) for v in state["counters"])
+        self.staleness = np.array(staleness, np.int64)
+        self.learned = [np.asarray(state["learned"], np.int64)]
+        if self.prototypes is not None:
+            self.prototypes.restore(state_part(state, "prototypes"))
+        self.earlier.restore(state_part(state, "versions"), self._versions_from)
+
+    def _versions_state(self, model: Model) -> dict[str, np.ndarray]:
+        head, memory, prototypes = model
+        return {**prefixed("head", head.state()), **prefixed("memory", memory.state() if memory else {}),
+                **prefixed("prototypes", prototypes.state() if prototypes is not None else {})}
+
+    def _versions_from(self, arrays: dict[str, np.ndarray]) -> Model:
+        head = self._new_head()
+        head.restore(state_part(arrays, "head"))
+        memory = state_part(arrays, "memory")
+        prototypes = None
+        if self.prototypes is not None:
+            prototypes = ClassPrototypes(self.feature_dim)
+            prototypes.restore(state_part(arrays, "prototypes"))
+        return head, self.memory_from_state(memory) if memory else None, prototypes
+
+    def timings(self) -> dict:
+        return self.clock.report()
+
+
+def _block_arrays(block: pa.RecordBatch) -> dict[str, np.ndarray]:
+    return {"ids": S.sample_ids_to_numpy(block).copy(), "features": np.array(S.features_to_numpy(block)),
+            "labels": S.labels_to_numpy(block).copy(), "tasks": S.task_ids_to_numpy(block).copy(),
+            "arrival": block.column("arrival").to_numpy().copy()}
+
+
+def _block_from(arrays: dict[str, np.ndarray]) -> pa.RecordBatch:
+    block = S.feature_batch(arrays["ids"], np.asarray(arrays["features"]).reshape(len(arrays["ids"]), -1),
+                            arrays["labels"], arrays["tasks"])
+    return block.append_column("arrival", pa.array(np.asarray(arrays["arrival"], np.int64)))
