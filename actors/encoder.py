@@ -22,7 +22,7 @@ class Encoder:
         self.reset(spec, payload, threads)
 
     def reset(self, spec: EncoderSpec, payload: str, threads: int) -> None:
-        self.clock = StageClock()
+        self.clock = StageClock(intervals=("encode",))  # when it encoded: did it overlap a consolidation?
         self.cache: ContentCache | None = None  # features by payload digest (`use_cache`)
         if getattr(self, "args", None) == (spec, payload, threads):
             return  # same frozen encoder: keep the loaded weights
@@ -55,6 +55,10 @@ class Encoder:
     def flush_cache(self) -> int:
         """Write the rows encoded since the last flush into the content cache; returns how many."""
         return self.cache.flush() if self.cache is not None else 0
+
+    def take_intervals(self) -> list[tuple[float, float]]:
+        """The wall-clock (start, end) of each encode call since the last take."""
+        return self.clock.take_intervals()
 
     def timings(self) -> dict:
         return self.clock.report()

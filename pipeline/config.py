@@ -42,7 +42,7 @@ class EncoderPoolConfig:
 
 
 # The roles whose actors `runtime.placement` places (the encoders are placed by the `encoder` section)
-ROLES = ("source", "memory", "monitor", "stage1", "stage2", "adapter_trainer", "lm_encoder", "lm_trainer")
+ROLES = ("source", "memory", "monitor", "stage1", "stage2", "predictor", "adapter_trainer", "lm_encoder", "lm_trainer")
 
 
 @dataclass(frozen=True)

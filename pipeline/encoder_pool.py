@@ -75,6 +75,10 @@ class EncoderPool:
         """Rows the replicas encoded since the last flush, written to the content cache."""
         return sum(ray.get([replica.flush_cache.remote() for replica in self.replicas]))
 
+    def take_intervals(self) -> list[tuple[float, float]]:
+        """Every replica's encode calls since the last take, as wall-clock (start, end)."""
+        return [i for replica in ray.get([r.take_intervals.remote() for r in self.replicas]) for i in replica]
+
     def revive(self) -> None:
         self.actors.revive(self.roles)
         self.in_flight = {role: [] for role in self.roles}

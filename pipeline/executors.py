@@ -50,7 +50,8 @@ class WorkerGroup:
     def drain(self) -> None:
         """Wait for the other workers' calls (an error of theirs is raised here)."""
         pending, self.pending = self.pending, []
-        ray.get(pending)
+        if pending:
+            ray.get(pending)
 
 
 class ReplicaPool:

@@ -40,6 +40,7 @@ from memcl.pipeline.local import LocalActors
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensure_ray, stream_source
 from memcl_ops.arrow import schema as S
+from memcl_ops.clock import overlap_seconds
 from memcl_ops.costs import consolidation_cost
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
@@ -155,8 +156,9 @@ class FeaturePipeline:
         last_arrival = clock.arrival(self.offsets[last] + batches[-1][1])
         installs += self.flow.advance(clock, last_arrival, final=state.next_round == self.rounds - 1,
                                       progress=progress)
-        reported = [reports.get(handle, what) for handle in installs]
+        reported = [reports.get(p.report, what) for p in installs]
         seconds["consolidate"] = time.perf_counter() - t_consolidate
+        overlap = self._overlap(installs, reported)
 
         t_eval = time.perf_counter()
         schedule = Schedule(self.task_free, self.rounds, rt.evaluate_every, rt.evaluate_window, rt.anytime)
@@ -171,9 +173,22 @@ class FeaturePipeline:
         refused = [t for t in [*refused, *x.get(letters)] if t.num_rows]
         seconds["evaluate"] = time.perf_counter() - t_eval
         tables = [t for t in x.get(predictions) if t.num_rows]
-        log = {"consolidations": reported, "epoch_losses": reports.take_losses()}
+        log = {"consolidations": [{k: v for k, v in r.items() if k != "installed_at"} for r in reported],
+               "epoch_losses": reports.take_losses(), **overlap}
         return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
                             seconds, log, pa.concat_tables(tables) if tables else None, dataclasses.asdict(clock))
+
+    def _overlap(self, published: list, reported: list[dict]) -> dict[str, float]:
+        """The encoders' busy seconds this round, and how many of them fell while a consolidation ran: between its
+        submission and its install (the one still in flight: until now). Encoders only: nothing without them."""
+        if not self.inline:
+            return {}
+        windows = [(p.submitted, r["installed_at"]) for p, r in zip(published, reported, strict=True)]
+        if self.flow.job is not None:
+            windows.append((self.flow.job.submitted, time.time()))
+        busy = self.encoders.take_intervals()
+        return {"encoder_busy_s": sum(end - start for start, end in busy),
+                "encoder_busy_consolidating_s": overlap_seconds(busy, windows)}
 
     def _compile(self) -> None:
         """The compiled chain over the current actors (`runtime.transport: compiled`), built during setup and again
@@ -267,7 +282,9 @@ class FeaturePipeline:
         return {"slots": {"history": history.get("slot_history", []), "expansions": history.get("expansions", []),
                           "refused_expansions": history.get("refused_expansions", 0), "monitor": monitor},
                 "memory_bytes": {k: v for k, v in self.memory_report().items() if k != "num_slots"},
-                "consolidation": x.get(x.call("predictor", "counters")),
+                "consolidation": {**x.get(x.call("predictor", "counters")), **{
+                    key: sum(entry.get(key, 0.0) for entry in state.round_log)
+                    for key in ("encoder_busy_s", "encoder_busy_consolidating_s") if self.inline}},
                 "encoders": self.encoders.info if self.encoders is not None else [],
                 **({"class_confusion": confusion} if confusion is not None else {})}
 

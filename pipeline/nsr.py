@@ -28,7 +28,7 @@ from memcl.actors.memory_manager import MemoryManager
 from memcl.pipeline import checkpoint
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import ConfigError, Placement, RunConfig
-from memcl.pipeline.executors import ActorCalls
+from memcl.pipeline.local import LocalActors
 from memcl.pipeline.progress import InFlight, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
 from memcl.pipeline.trainer_group import TrainerGroup
@@ -41,13 +41,13 @@ from memcl_ops.rounds import RoundBatches, plan_rounds
 
 
 class NSRPipeline:
-    def __init__(self, config: RunConfig, info: StreamInfo, actors: ActorCache) -> None:
+    def __init__(self, config: RunConfig, info: StreamInfo, actors: ActorCache | LocalActors) -> None:
         self.config, self.info = config, info
         self.nsr = method_spec(config.method.name).resolve(config.method).nsr
         enc, rt = config.encoder, config.runtime
         gpus = enc.num_gpus
         if gpus == "auto":
-            gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+            gpus = 1.0 if not actors.local and ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
         n_way = max(len(c) for c in info.task_classes)
         if min(len(c) for c in info.task_classes) < 2:  # the classes of own data are known only once it is read
             raise ConfigError(f"stream.tasks: {config.method.name} learns each task with its own head of two classes "
@@ -57,7 +57,7 @@ class NSRPipeline:
         self.trainers = TrainerGroup(actors, "adapter_trainer", rt.data_parallel, AdapterTrainer, options, enc.spec,
                                      info.payload, self.nsr, n_way, config.seed, enc.threads,
                                      rt.prequential.near_future, replicated=REPLICATED)
-        self.trainer_info = ray.get(actors.handle("adapter_trainer").info.remote())
+        self.trainer_info = actors.call("adapter_trainer", "info")
         names = ["source", *self.trainers.workers]
         self.banks = self.nsr.allocation == "bank"  # the memoryless rules keep nothing beyond the active capacity
         if self.banks:
@@ -65,26 +65,20 @@ class NSRPipeline:
                        nsr_stores(self.nsr), rt.actor_threads)
             names.append("memory")
         self.roles = Roles(actors, names, copies=self.trainers.copies)
-        self.flow = NSRFlow(ActorCalls(self._handle), self.nsr)
+        self.x = actors.executor(self._handle)
+        self.flow = NSRFlow(self.x, self.nsr)
         self.task_free = False  # NSR keys its bank at task arrival
 
     def _handle(self, role: str):
         return self.trainers.handle() if role == "adapter_trainer" else self.roles.handle(role)
 
-    def __getattr__(self, role: str) -> ray.actor.ActorHandle | None:
-        if role in ("source", "memory"):
-            return self.roles.handle(role)
-        if role == "trainer":
-            return self.roles.handle("adapter_trainer")
-        raise AttributeError(role)
-
     def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, task_free=False, every=0)
 
-    def test_refs(self, task: int, after_visit: int, letters: list) -> list[ray.ObjectRef]:
+    def test_refs(self, task: int, after_visit: int, letters: list) -> list:
         refs = []
         for k in range(self.info.test_batches[task]):
-            batch, refused = self.source.test_batch.remote(task, k, after_visit)
+            batch, refused = self.x.call("source", "test_batch", task, k, after_visit)
             refs.append(batch)
             letters.append(refused)
         return refs
@@ -95,12 +89,12 @@ class NSRPipeline:
         info, nsr, rt, bars = self.info, self.nsr, self.config.runtime, reports.progress
         v = batches[0][0]
         task, n = info.visits[v], len(batches)
-        letters: list[ray.ObjectRef] = []
+        letters: list = []
         t0 = time.perf_counter()
         pending: deque = deque()
 
         def submit(i: int) -> None:
-            batch, refused = self.source.train_batch.remote(v, i)
+            batch, refused = self.x.call("source", "train_batch", v, i)
             pending.append(batch)
             letters.append(refused)
             if on_batch is not None:
@@ -109,14 +103,14 @@ class NSRPipeline:
         probe_batches = held = 0  # the first batches, until their rows that pass the gate make the probe
         while probe_batches < n and not probe_full(held, nsr.probe_size):
             submit(probe_batches)
-            held += ray.get(self.source.train_rows.remote(v, probe_batches))
+            held += self.x.get(self.x.call("source", "train_rows", v, probe_batches))
             probe_batches += 1
         returning = task in state.seen_tasks
         tests = self.test_refs(task, v, letters)
         key, plan = self.flow.arrive(list(pending), info.task_classes[task],
                                      previous_best(state.round_log, task) if returning else None, tests)
         what = f"task {task + 1}/{len(info.task_classes)} (visit {v + 1}/{len(info.visits)})"
-        in_flight = InFlight(rt.max_in_flight, bars.bar(f"{what} nsr[{nsr.allocation}]", n))
+        in_flight = InFlight(rt.max_in_flight, bars.bar(f"{what} nsr[{nsr.allocation}]", n), self.x.get)
         for i in range(n):
             if i >= probe_batches:
                 submit(i)
@@ -130,8 +124,8 @@ class NSRPipeline:
         seen = state.seen_tasks + ([] if returning else [task])
         reports.phase("evaluate")
         accuracy = self.evaluate(seen, task, ended, v, letters, what, bars)
-        refused = [t for t in ray.get(letters) if t.num_rows]
-        arrival = ray.get(plan) if isinstance(plan, ray.ObjectRef) else plan
+        refused = [t for t in self.x.get(letters) if t.num_rows]
+        arrival = self.x.get(plan)
         ended.update(visit=v, task=task, arrival=arrival.kind,
                      retrieval=vars(arrival.retrieval) if arrival.retrieval else None)
         bars.note(f"after visit {v + 1}: {arrival.kind} start, accuracy {accuracy}")
@@ -156,10 +150,10 @@ class NSRPipeline:
         self.roles.restore(parts)
 
     def memory_report(self) -> dict[str, int]:
-        return ray.get(self.memory.memory_report.remote()) if self.banks else {}
+        return self.x.get(self.x.call("memory", "memory_report")) if self.banks else {}
 
     def learned_ids(self) -> np.ndarray:
-        return ray.get(self.trainer.learned_ids.remote())
+        return self.x.get(self.x.call("adapter_trainer", "learned_ids"))
 
     def close(self) -> None:
         """Nothing to release: this family streams through classic actor calls only."""
@@ -167,7 +161,7 @@ class NSRPipeline:
     def finish(self, state: RunState) -> dict:
         return {"allocation": self.nsr.allocation, "adapter": self.trainer_info,
                 "recovery": recovery_summary(state.round_log),
-                "bank": ray.get(self.memory.call.remote("bank", "bank_summary")) if self.banks else None}
+                "bank": self.x.get(self.x.call("memory", "call", "bank", "bank_summary")) if self.banks else None}
 
 
 def previous_best(round_log: list[dict], task: int) -> float:

@@ -47,11 +47,12 @@ def check_run(config: RunConfig) -> MethodSpec:
                           "adapter trainer does: " + ", ".join(n for n, s in METHODS.items() if s.family == "nsr")
                           + "; and `memcl lm`'s LoRA trainer); leave it at 1")
     if config.stream.realtime.on and spec.family != "features":
-        raise ConfigError(f"stream.realtime: {spec.name} learns every batch it is given; a stream that does not wait "
-                          "is run for the features methods (`memcl list methods`); set stream.realtime.mode=off")
+        raise ConfigError(f"stream.realtime: {spec.name} learns every batch as it trains; a stream that goes on while "
+                          "trainers consolidate in the background is run for the features methods (`memcl list "
+                          "methods`); set stream.realtime.mode=off")
     if config.stream.realtime.on and config.runtime.transport == "compiled":
-        raise ConfigError("stream.realtime: the compiled chain routes every batch it streams; a stream that skips "
-                          "batches runs over actor calls: set runtime.transport=actors")
+        raise ConfigError("stream.realtime: the compiled chain streams a round at once; a stream that publishes "
+                          "consolidations between its batches runs over actor calls: set runtime.transport=actors")
     if config.runtime.anytime and (config.stream.task_free or spec.family != "features"):
         raise ConfigError("runtime.anytime: evaluations inside each visit cut the visits of a features method's "
                           "stream with task boundaries; a task-free run evaluates every runtime.evaluate_every rounds")
@@ -66,6 +67,19 @@ def check_run(config: RunConfig) -> MethodSpec:
 FAMILY_ROLES = {"features": ("source", "memory", "monitor", "stage1", "stage2"),
                 "nsr": ("source", "adapter_trainer", "memory"),
                 "lm": ("lm_encoder", "lm_trainer", "memory")}
+
+
+def check_in_process(config: RunConfig) -> None:
+    """What a run held in this process cannot do: what only Ray's processes give."""
+    rt = config.runtime
+    if rt.data_parallel > 1:
+        raise ConfigError("runtime.data_parallel: workers learning data-parallel are Ray actors; a run in this process "
+                          "has one: leave it at 1, or run it with `memcl run`")
+    if rt.chaos_seconds:
+        raise ConfigError("runtime.chaos_seconds: chaos kills Ray actors; a run in this process has none")
+    if rt.transport == "compiled":
+        raise ConfigError("runtime.transport=compiled: a Ray Compiled Graph runs over actors; a run in this process "
+                          "calls its roles directly: leave runtime.transport=actors")
 
 
 def placed_gpus(rt: RuntimeConfig, family: str, copies: Mapping[str, int] = MappingProxyType({}),

@@ -83,7 +83,10 @@ class Progress:
             print(message, file=sys.stderr)
 
     def wait(self, refs: list[ray.ObjectRef], description: str, unit: str, leave: bool = True) -> list:
-        """ray.get(refs), a bar advancing as they complete (in any order)."""
+        """ray.get(refs), a bar advancing as they complete (in any order); values computed in this process (the
+        calls of roles held here) are returned as they are."""
+        if not any(isinstance(r, ray.ObjectRef) for r in refs):
+            return list(refs)
         bar, pending = self.bar(description, len(refs), unit, leave), list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)

@@ -159,7 +159,7 @@ class Roles:
         self.x = actors.executor(self.handle)
 
     def handle(self, role: str) -> object | None:
-        return self.actors.handle(role) if role in self.names else None
+        return self.actors.handle(role) if role in self.names or role in self.stateless else None
 
     def state(self) -> dict[str, checkpoint.State]:
         own = [r for r in self.names if r not in self.copies]

@@ -54,6 +54,8 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
     spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
     own, given_dir = actors is None, run_dir
     actors = actors or (LocalActors() if in_process else ActorCache())
+    if actors.local:
+        preflight.check_in_process(config)
     try:
         started = time.perf_counter()
         if not actors.local:

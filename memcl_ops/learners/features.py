@@ -49,8 +49,9 @@ class FeatureLearner:
 
     def consolidate(self) -> dict[str, object]:
         self.flow.end_round(self.clock)
-        (report,) = self.flow.advance(self.clock, 0.0)
+        (published,) = self.flow.advance(self.clock, 0.0)
         predictions, self.predictions = self.predictions, []
+        report = {k: v for k, v in published.report.items() if k != "installed_at"}
         return {**report, "prequential": pa.concat_tables(predictions) if predictions
                 else self.roles["predictor"].step()}
 

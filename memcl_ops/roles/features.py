@@ -19,6 +19,7 @@ predictor.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -75,7 +76,16 @@ class Consolidation:
 
     trained: Any  # stage 1's memory state (None: no stage 1)
     snapshot: Any  # stage 2's snapshot of a trained head (None: the head settles at install)
-    memory: Any  # the memory state it started from (None: no memory)
+    memory: Any  # the memory state the head reads after it (None: no memory)
+    submitted: float  # the wall-clock time it was handed to the trainers
+
+
+@dataclass(frozen=True)
+class Published:
+    """A consolidation made the served model: the handle of its install's report, and when it was submitted."""
+
+    report: Any
+    submitted: float
 
 
 class FeatureFlow:
@@ -115,11 +125,11 @@ class FeatureFlow:
 
     # -- consolidation, scheduled by the stream's clock --
 
-    def advance(self, clock: StreamClock, now: float, *, final: bool = False, progress: Any = None) -> list[Any]:
+    def advance(self, clock: StreamClock, now: float, *, final: bool = False, progress: Any = None
+                ) -> list[Published]:
         """Everything the clock has done by `now`: publish the consolidation in flight once it is due (or done,
         "wall"), start the next once a round has ended and the trainers are free. `final`: the stream has ended,
-        the trainers work off every due round. Returns the handles of what was published (each an install
-        report)."""
+        the trainers work off every due round. Returns what was published."""
         published = []
         while True:
             if self.job is not None and (final or clock.publishes_by(now) or self._done(clock)):
@@ -158,16 +168,16 @@ class FeatureFlow:
         head_memory = trained if trained is not None else memory
         snapshot = (x.call("stage2", "consolidate", head_memory, block, progress=progress) if x.has("stage2")
                     else None)
-        return Consolidation(trained, snapshot, head_memory)
+        return Consolidation(trained, snapshot, head_memory, time.time())
 
-    def publish(self) -> Any:
-        """The consolidation in flight becomes the served model (the handle of the install's report)."""
+    def publish(self) -> Published:
+        """The consolidation in flight becomes the served model."""
         x, job, self.job = self.x, self.job, None
         if job.trained is not None:
             store_call(x, "slots", "load_trained", job.trained)
         if job.snapshot is not None:
-            return x.call("predictor", "install", job.snapshot)
-        return x.call("predictor", "install", None, job.memory)
+            return Published(x.call("predictor", "install", job.snapshot), job.submitted)
+        return Published(x.call("predictor", "install", None, job.memory), job.submitted)
 
     def forget_job(self) -> None:
         """The roles were restored: the handles of a consolidation in flight belong to the actors before."""

@@ -15,6 +15,7 @@ run starts that consolidation again and publishes the same model."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +72,7 @@ class ClassPrototypes:
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.classes = np.array(state["classes"], np.int64)
-        self.sums = np.array(state["sums"], np.float64).reshape(len(self.classes), -1)
+        self.sums = np.array(state["sums"], np.float64).reshape(len(self.classes), self.sums.shape[1])
         self.counts = np.array(state["counts"], np.int64)
 
 
@@ -179,7 +180,8 @@ class Predictor:
         """Publish the in-flight consolidation as the next version: a trained head's `snapshot` (its state after
         the consolidation, with the memory it was trained through under "memory."), or, for a head that learns
         online, the `memory_state` it reads from now on and its settling on the block, here. Returns the head's
-        report (an online head's λ choice) and what the consolidation took."""
+        report (an online head's λ choice), the rows the consolidation took and the wall-clock time of the
+        install."""
         with self.clock.time("install"):
             block, _ = self.consolidation()
             report: dict[str, float] = {}
@@ -207,7 +209,7 @@ class Predictor:
                 self.staleness[1] = max(int(self.staleness[1]), int(waited.max(initial=0)))
                 report = {**report, "rows": len(ids)}
             self.in_flight = {}
-            return report
+            return {**report, "installed_at": time.time()}
 
     def _set_memory(self, memory_state: dict[str, np.ndarray] | None) -> None:
         self.memory_state = dict(memory_state or {})

@@ -64,7 +64,7 @@ def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, 
     inputs = sum(b.num_rows for b in batches)
     assert metrics["samples"]["predicted_unlabelled"] == predicted.num_rows
     assert metrics["samples"]["learned"] + dead.num_rows + predicted.num_rows == inputs  # every row accounted for
-    learned_ids = set(ray.get(actors.handle("stage2").learned_ids.remote()).tolist())  # the learner's own record
+    learned_ids = set(ray.get(actors.handle("predictor").learned_ids.remote()).tolist())  # the learner's own record
     dead_ids = {i for i in dead.column(S.SAMPLE_ID).to_pylist() if i is not None}
     assert not learned_ids & dead_ids and not learned_ids & set(predicted.column(S.SAMPLE_ID).to_pylist())
     assert metrics["samples"]["refused"] == dead.num_rows

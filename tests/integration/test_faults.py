@@ -2,14 +2,16 @@
 restore, report): the run recovers, learns every sample exactly once, and ends with the accuracy matrix of an
 uninterrupted run; a kill storm stops it with one line and a checkpoint that --resume completes."""
 
+import json
+
 import numpy as np
 import pytest
 import ray
 
-from memcl.pipeline import runner
+from memcl.pipeline import checkpoint, runner
 from memcl.pipeline.config import dump_config, load_config
 from memcl.pipeline.errors import RunStopped
-from tests.killing import AIMS, killer, memcl, phase_killer, restarted_quietly
+from tests.killing import AIMS, kill_driver_at_checkpoint, killer, memcl, phase_killer, restarted_quietly
 
 pytestmark = pytest.mark.ray
 
@@ -122,3 +124,61 @@ def test_chaos_mode_storm_on_the_command_line_is_one_line_naming_the_resume_comm
     errors = [line for line in out.splitlines() if line.startswith("memcl: error:")]
     assert proc.returncode == 1, out
     assert len(errors) == 1 and "actor faults in a row" in errors[0] and "memcl run --resume" in errors[0], out
+
+
+# The stream does not wait: task-free rounds of 2 batches, one batch per pass; a consolidation of stage 1's 2 and
+# stage 2's 4 epochs keeps the trainers busy 6 passes per batch it takes, so the first runs from the end of round 0
+# past the stream's last batch, while the stream, its encoder included, goes on.
+BACKGROUND = {"stream.realtime.mode": "simulated", "stream.task_free": True, "method.consolidate_every": 2}
+
+
+@pytest.fixture(scope="module")
+def background(actors, tmp_path_factory):
+    return runner.run(config(tmp_path_factory.mktemp("background"), **BACKGROUND), actors=actors).metrics
+
+
+def assert_same_background_run(metrics, reference) -> None:
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(reference["acc_matrix"]))
+    for key in ("prequential", "realtime", "slots", "memory_bytes"):
+        assert metrics[key] == reference[key], key
+    timeless = ("encoder_busy_s", "encoder_busy_consolidating_s")
+    assert ({k: v for k, v in metrics["consolidation"].items() if k not in timeless}
+            == {k: v for k, v in reference["consolidation"].items() if k not in timeless})
+    samples = metrics["samples"]
+    assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
+
+
+def test_the_encoder_keeps_encoding_while_the_trainers_consolidate(background, actors, tmp_path):
+    """On actors the next batches are encoded while a consolidation runs in the background; when the stream waits,
+    none are."""
+    done = background["consolidation"]
+    assert 0 < done["encoder_busy_consolidating_s"] < done["encoder_busy_s"], done
+    waits = runner.run(config(tmp_path, **{**BACKGROUND, "stream.realtime.mode": "off"}), actors=actors).metrics
+    assert waits["consolidation"]["encoder_busy_consolidating_s"] == 0 < waits["consolidation"]["encoder_busy_s"]
+
+
+@pytest.mark.parametrize("role", ["stage2", "stage1", "predictor"])
+def test_an_actor_killed_while_a_consolidation_runs_in_the_background_is_recovered_exactly(
+        actors, background, tmp_path, role):
+    """The kill lands after round 0 has ended and its consolidation was handed to the trainers: the round is
+    replayed from the last commit, whose predictor holds the consolidation's inputs, and the consolidation starts
+    again: the uninterrupted run, version for version."""
+    hook, done = killer(actors, role, (2, 0), restart=role != "stage1")
+    metrics = runner.run(config(tmp_path, **BACKGROUND), actors=actors, on_batch=hook).metrics
+    assert done and metrics["recoveries"] >= 1
+    assert_same_background_run(metrics, background)
+
+
+def test_a_driver_killed_while_a_consolidation_runs_in_the_background_resumes_to_the_same_run(background, tmp_path):
+    """SIGKILL of the driver after round 1's checkpoint, which records a consolidation in flight; `--resume` starts
+    it again from the inputs the checkpoint holds and ends where the uninterrupted run did."""
+    path = tmp_path / "killed.yaml"
+    dump_config(config(tmp_path / "killed", **{**BACKGROUND, "runtime.checkpoint": True}), path)
+    run_dir = kill_driver_at_checkpoint(["run", "--config", str(path), "--set", "runtime.num_cpus=2"],
+                                        tmp_path / "killed", "checkpoints/ckpt-000001.sha256")
+    parts, meta = checkpoint.read(run_dir / "checkpoints" / "ckpt-000001.npz")
+    assert meta["realtime"]["job"] is not None and "in_flight.running" in parts["predictor"]
+    resumed = memcl("run", "--resume", str(run_dir))
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    assert_same_background_run(json.loads((run_dir / "metrics.json").read_text()), background)

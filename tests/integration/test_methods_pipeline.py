@@ -44,7 +44,7 @@ def test_method_runs_through_the_actor_pipeline(actors, tmp_path, name):
     # The head learner's checkpoint after the third task: it has been given exactly the samples streamed up to
     # there (ids are stream positions), none of the fourth task's.
     parts, _ = checkpoint.read(next(tmp_path.glob("*/checkpoints/ckpt-000002.npz")))
-    learned = np.sort(parts["stage2"]["learned"])
+    learned = np.sort(parts["predictor"]["learned"])
     np.testing.assert_array_equal(learned, np.arange(3 * 2 * TRAIN_PER_CLASS))
 
 

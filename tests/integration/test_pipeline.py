@@ -117,7 +117,7 @@ def test_a_checkpoint_without_a_state_key_is_refused_in_one_line(actors, tmp_pat
     run_dir = Path(done["run_dir"])
     path = sorted((run_dir / "checkpoints").glob("ckpt-*.npz"))[-1]
     parts, meta = checkpoint.read(path)
-    parts["stage2"] = {k: v for k, v in parts["stage2"].items() if "reservoir" not in k}
+    parts["predictor"] = {k: v for k, v in parts["predictor"].items() if "reservoir" not in k}
     checkpoint.write(path.parent, int(path.stem.split("-")[1]), parts, meta)
-    with pytest.raises(ConfigError, match=r"older memcl \(the stage2 state lacks 'features'\)"):
+    with pytest.raises(ConfigError, match=r"older memcl \(the predictor state lacks 'features'\)"):
         runner.run(resume=run_dir, actors=actors)

@@ -24,7 +24,7 @@ def test_each_role_holds_what_its_placement_asks_and_learns_the_same(actors, tmp
     placement = {"memory": {"num_cpus": 0.5}, "stage1": {"num_cpus": 0.25}, "stage2": {"num_cpus": 0.25}}
     placed = runner.run(_synthetic(tmp_path / "placed", **{"runtime.placement": placement}), actors=actors).metrics
     where = placed["placement"]
-    assert set(where) == {"source", "memory", "monitor", "stage1", "stage2"}  # MARS's roles, no encoder
+    assert set(where) == {"source", "memory", "monitor", "stage1", "stage2", "predictor"}  # MARS's roles, no encoder
     for role, asked in placement.items():
         assert where[role]["resources"] == {"CPU": asked["num_cpus"]}, (role, where[role])
     assert where["monitor"]["resources"] == {} and where["source"]["resources"] == {}  # the default: nothing

@@ -79,11 +79,9 @@ def test_unlabelled_rows_are_predicted_once_each_across_a_driver_kill_and_resume
                                     predicted.column("prediction").to_pylist(), strict=True) if i in late}
     assert prequential["late_labels"] == len(late) > len(same_visit) > 0  # those of the visit they came in too
     assert prequential["late_label_accuracy"] == np.mean([settled[i] == y for i, y in late.items()])
-    # with boundaries a visit is learned at its end: its rows are predicted by the model before it, which has never
-    # seen the visit's classes (class-incremental), so test-then-train accuracy is 0 here but for the late labels
-    # of task 0's rows that came in task 1's visit, predicted again (before they are learned) with task 0 learned
-    assert prequential["rows"] == samples.learned and prequential["per_task"]["2"] == 0.0
-    assert round(prequential["per_task"]["0"] * ROWS) > 0.8 * (len(late) - len(same_visit))
+    # with boundaries a visit is consolidated at its end; before that the model published has never seen the visit's
+    # classes (class-incremental), and only the predictor's class prototypes name them, from their next batch on
+    assert prequential["rows"] == samples.learned and 0.5 < prequential["per_task"]["2"] < 1
 
     path = tmp_path / "killed.yaml"
     dump_config(config(root, tmp_path / "killed"), path)

@@ -29,7 +29,7 @@ def test_stage1_and_stage2_report_every_epoch(ray_session):
     ray.get(stage1.train.remote(SlotRouter(8, router).state(), *block, progress=queue))
     method = MethodConfig(name="finetune", stage2=Stage2Config(optim=OptimConfig(epochs=4)))
     stage2 = Stage2Trainer.options(num_cpus=0).remote(method, 8, 0, 1)
-    ray.get(stage2.train.remote(None, *block, progress=queue))
+    ray.get(stage2.consolidate.remote(None, *block, progress=queue))
     reported = queue.get_nowait_batch(queue.qsize())
     assert [r[:3] for r in reported] == [("stage 1", e, 3) for e in (1, 2, 3)] + [
         ("stage 2", e, 4) for e in (1, 2, 3, 4)]
