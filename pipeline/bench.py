@@ -33,10 +33,10 @@ from memcl.pipeline.report import accuracy_axis
 from memcl.pipeline.suites import Suite, suite
 from memcl_ops.methods import METHODS, family_methods, method_spec
 
-TRAIN_PHASES = ("stream", "stage1", "stage2")  # wall-clock phases that make up "train time"
-METRICS = ("a_last", "a_mean", "forgetting", "bwt", "prequential", "near_future", "skipped")
+TRAIN_PHASES = ("stream", "consolidate")  # wall-clock phases that make up "train time"
+METRICS = ("a_last", "a_mean", "forgetting", "bwt", "prequential", "near_future", "let_go")
 HEADERS = {"a_last": "A_last", "a_mean": "Ā", "forgetting": "forgetting", "bwt": "BWT", "prequential": "preq.",
-           "near_future": "near-future", "skipped": "skipped"}
+           "near_future": "near-future", "let_go": "let go"}
 
 
 def suite_methods(chosen: Suite, config: RunConfig, methods: list[str] | None = None) -> list[str]:
@@ -63,10 +63,10 @@ class RunRow:
     def of(cls, metrics: dict) -> RunRow:
         wall = metrics["wall_seconds"]
         prequential = metrics.get("prequential") or {}
-        samples = metrics["samples"]
-        skipped = samples.get("skipped", 0) / max(samples["learned"] + samples.get("skipped", 0), 1)
+        done = metrics.get("consolidation") or {}
+        let_go = done["let_go"] / max(done["observed"], 1) if done else None
         online = {"prequential": prequential.get("accuracy"), "near_future": prequential.get("near_future_accuracy"),
-                  "skipped": skipped if metrics.get("realtime") else None}
+                  "let_go": let_go}
         return cls(metrics["method"], metrics["seed"],
                    {**metrics["summary"], **{k: v for k, v in online.items() if v is not None}},
                    [float(np.nanmean(row)) if not np.isnan(row).all() else np.nan
@@ -236,8 +236,9 @@ def markdown(chosen: Suite, table: dict[str, dict], seeds: int) -> str:
         return f"{100 * m[0]:.2f} ± {100 * m[1]:.2f}" if seeds > 1 else f"{100 * m[0]:.2f}"
 
     spread = f"Mean ± std over {seeds} seeds" if seeds > 1 else "One seed (no spread: --seeds 3 gives mean ± std)"
-    spread += ("; preq. and near-future: test-then-train accuracy on the training stream, skipped: the share of its "
-               "labelled rows a stream that did not wait went past (docs/methods.md, \"Prequential accuracy\")")
+    spread += ("; preq. and near-future: test-then-train accuracy on the training stream, let go: the share of its "
+               "labelled rows the consolidation buffer dropped past its budget (docs/methods.md, \"Prequential "
+               "accuracy\")")
     lines = [f"### {chosen.name}", "", f"{chosen.summary}. {spread}; best A_last first.", "",
              "| method | role | " + " | ".join(HEADERS[m] for m in METRICS) + " | train s | memory bytes |",
              "|---|---|" + "---|" * (len(METRICS) + 2)]

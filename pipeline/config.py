@@ -171,6 +171,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
                 errors.append(str(err))
         raise ConfigError(f"{where}: {value!r} fits none of {tp}")
     if origin is Literal:
+        if isinstance(value, bool) and ("off" if value is False else "on") in typing.get_args(tp):
+            value = "off" if value is False else "on"  # YAML 1.1 reads off / on as booleans
         if value not in typing.get_args(tp):
             raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(tp)}")
         return value

@@ -26,10 +26,15 @@ class ActorCalls:
         return getattr(self.handle(role), method).remote(*args, **kwargs)
 
     def get(self, handle: Any) -> Any:
-        return ray.get(handle)
+        """An object ref's value (a list: each element's), or the value itself where a flow computed it here."""
+        if isinstance(handle, list):
+            refs = [h for h in handle if isinstance(h, ray.ObjectRef)]
+            values = iter(ray.get(refs))
+            return [next(values) if isinstance(h, ray.ObjectRef) else h for h in handle]
+        return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
 
     def ready(self, handle: Any) -> bool:
-        return bool(ray.wait([handle], timeout=0)[0])
+        return not isinstance(handle, ray.ObjectRef) or bool(ray.wait([handle], timeout=0)[0])
 
 
 class WorkerGroup:

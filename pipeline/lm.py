@@ -49,7 +49,8 @@ from memcl.pipeline import checkpoint, preflight, report
 from memcl.pipeline.actor_cache import FAULTS, ActorCache, failed_to_start
 from memcl.pipeline.config import ConfigError, Placement, RuntimeConfig, dump_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
-from memcl.pipeline.executors import ActorCalls, ReplicaPool
+from memcl.pipeline.executors import ReplicaPool
+from memcl.pipeline.local import LocalActors
 from memcl.pipeline.loop import PhaseHook, discard_unstarted, new_run_dir, stream
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
@@ -141,11 +142,12 @@ class LMContext:
     """What every run of one `memcl lm` shares: the task stream as Arrow text-pair batches in the object store
     (sample ids increase along the stream), the frozen LM's actor, its extractions and the base model's answers."""
 
-    def __init__(self, config: LMRunConfig, tasks: list[TextTask], actors: ActorCache):
+    def __init__(self, config: LMRunConfig, tasks: list[TextTask], actors: ActorCache | LocalActors):
         self.config, self.tasks, self.actors = config, tasks, actors
         train, test = task_batches(tasks, config.stream.batch_size, config.stream.answer_batch_size)
-        self.train = [[ray.put(b) for b in batches] for batches in train]
-        self.test = [[ray.put(b) for b in batches] for batches in test]
+        put = (lambda b: b) if actors.local else ray.put  # roles of this process read the batches themselves
+        self.train = [[put(b) for b in batches] for batches in train]
+        self.test = [[put(b) for b in batches] for batches in test]
         rt = config.runtime
         # copies of the frozen LM: extraction and answers go to them in turn (stateless, so any copy gives the same)
         self.replicas = [f"lm_encoder{'' if r == 0 else r}" for r in range(rt.lm_replicas)]
@@ -154,19 +156,20 @@ class LMContext:
             actors.get(replica, LMEncoder, rt.actor_options("lm_encoder", Placement(num_cpus=1)), config.model,
                        rt.actor_threads)
         self.pool = ReplicaPool(lambda: [actors.handle(r) for r in self.replicas])
-        self.model = ray.get(actors.handle("lm_encoder").info.remote())
-        self.extracted: dict[int, list[ray.ObjectRef]] = {}  # per task: (key, R_m) batches, computed once
-        self.query_keys: dict[int, list[ray.ObjectRef]] = {}  # per task: the test prompts' keys (replay)
+        self.x = actors.executor(lambda role: self.pool if role == "lm_encoder" else None)
+        self.model = actors.call("lm_encoder", "info")
+        self.extracted: dict[int, list] = {}  # per task: (key, R_m) batches, computed once
+        self.query_keys: dict[int, list] = {}  # per task: the test prompts' keys (replay)
         self.base_answers: dict[int, tuple[float, float, list[dict]]] = {}  # per task: the frozen model's scores
         self.info = StreamInfo(name="+".join(t.name for t in tasks), payload="text", task_classes=[[] for _ in tasks],
                                visits=list(range(len(tasks))), visit_batches=[len(b) for b in self.train],
                                test_batches=[len(b) for b in self.test], num_samples=sum(len(t.train) for t in tasks),
                                labels=None, fingerprint="")
 
-    def extraction(self, task: int, index: int) -> ray.ObjectRef:
+    def extraction(self, task: int, index: int) -> object:
         refs = self.extracted.setdefault(task, [None] * len(self.train[task]))
         if refs[index] is None:
-            refs[index] = self.pool.extract.remote(self.train[task][index])
+            refs[index] = self.x.call("lm_encoder", "extract", self.train[task][index])
         return refs[index]
 
     def forget_calls(self) -> None:
@@ -184,7 +187,7 @@ class LMPipeline:
         cfg, rt = ctx.config, ctx.config.runtime
         method = lm_method(spec.method)
         self.method = method.resolve_lm(cfg.method)  # with the settings the method fixes
-        probe = LMFlow(ActorCalls(lambda role: None), method, self.method, spec.budget)
+        probe = LMFlow(ctx.actors.executor(lambda role: None), method, self.method, spec.budget)
         names = list(ctx.replicas)
         stores = probe.stores(ctx.model["hidden"], ctx.model["vocab"])
         if stores:
@@ -197,7 +200,8 @@ class LMPipeline:
                                          rt.actor_threads, replicated=TRAINER_REPLICATED)
             names += self.trainers.workers
         self.roles = Roles(ctx.actors, names, copies=self.trainers.copies if self.trainers else None)
-        self.flow = LMFlow(ActorCalls(self._handle), method, self.method, spec.budget)
+        self.x = ctx.actors.executor(self._handle)
+        self.flow = LMFlow(self.x, method, self.method, spec.budget)
         self.task_free = False  # one round per task
 
     def _handle(self, role: str):
@@ -226,14 +230,15 @@ class LMPipeline:
             trained = flow.learn_task(batches)
             if on_batch is not None:
                 on_batch(task, 0)
-            losses = ray.get(trained)
+            losses = self.x.get(trained)
             self.trainers.drain()
             return {"epoch_losses": losses}, answers, answering
         if not (flow.prototypes or flow.demonstrations):  # the frozen base learns nothing: it only answers
             started = time.perf_counter()
-            return {}, ray.get([flow.answer(b, tokens) for b in batches if test_first]), time.perf_counter() - started
+            return ({}, self.x.get([flow.answer(b, tokens) for b in batches if test_first]),
+                    time.perf_counter() - started)
         in_flight = InFlight(ctx.config.runtime.max_in_flight,
-                             bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(batches)))
+                             bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(batches)), self.x.get)
         calls, answers = [], []
         for i, pairs in enumerate(batches):
             # the memory's calls run in the order they are sent: the answer reads it before this batch's write
@@ -245,13 +250,13 @@ class LMPipeline:
             # an answer reads the memory after the writes before it: waiting on it waits on those too
             in_flight.add(answers[-1] if test_first else calls[-1])
         in_flight.drain()
-        outcomes, answers = ray.get(calls), ray.get(answers)
+        outcomes, answers = self.x.get(calls), self.x.get(answers)
         if flow.prototypes:
             return {k: outcomes[-1][k] if k == "stored" else sum(o[k] for o in outcomes) for k in outcomes[0]}, \
                 answers, 0.0
         return {"stored": outcomes[-1]}, answers, 0.0
 
-    def answer(self, task: int) -> list[ray.ObjectRef]:
+    def answer(self, task: int) -> list:
         """Prediction batches for one task's test pairs under the method's current state."""
         ctx, flow = self.ctx, self.flow
         tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.test[task]
@@ -318,7 +323,7 @@ class LMPipeline:
     def learned_ids(self) -> np.ndarray:
         for role in ("memory", "lm_trainer"):
             if role in self.roles.names:
-                return ray.get(self.roles.handle(role).learned_ids.remote())
+                return self.x.get(self.x.call(role, "learned_ids"))
         return np.zeros(0, np.int64)
 
     def close(self) -> None:
@@ -408,20 +413,22 @@ class LMResult:
 
 
 def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bool = False,
-                progress: bool | None = None, actors: ActorCache | None = None,
+                progress: bool | None = None, actors: ActorCache | LocalActors | None = None,
                 on_batch: BatchHook | None = None, on_phase: PhaseHook | None = None) -> LMResult:
     """What `memcl.pipeline.runner.run` does with an `LMRunConfig`: every method (and budget) of `config` over its task
     stream, each through the one round loop (`resumed`: continue the runs of `run_dir`). `actors`: reuse the
-    actors of earlier runs (they are reset); by default they are killed after."""
+    actors of earlier runs (they are reset), or `LocalActors` to hold every role in this process; by default the
+    actors are started and killed after."""
     specs, tasks = check_config(config)  # before Ray starts: a bad config fails at once, with one line
     own, given_dir = actors is None, run_dir
     actors = actors or ActorCache()
     try:
         started = time.perf_counter()
-        ensure_ray(config)
         rt = config.runtime
-        preflight.check_gpus(reserved_gpus(config, specs), ray.cluster_resources().get("GPU", 0), "the cluster has",
-                             preflight.LM_COPIES)
+        if not actors.local:
+            ensure_ray(config)
+            preflight.check_gpus(reserved_gpus(config, specs), ray.cluster_resources().get("GPU", 0),
+                                 "the cluster has", preflight.LM_COPIES)
         bars = Progress(enabled=rt.progress if progress is None else progress)
         run_dir = run_dir or new_run_dir(rt.out, f"lm-{config.model.name}-s{config.seed}")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -461,7 +468,7 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
         encoder_busy = {}
         for replica in ctx.replicas:
             try:
-                encoder_busy[replica] = ray.get(actors.handle(replica).timings.remote())
+                encoder_busy[replica] = actors.call(replica, "timings")
             except FAULTS:  # killed as the last run ended (chaos mode): its busy time went with it
                 encoder_busy[replica] = {}
         predictions = [p for r in runs.values() for e in r.metrics["round_log"] for p in e["predictions"]]

@@ -180,6 +180,20 @@ def _class_lines(metrics: dict) -> list[str]:
                    for t, classes in enumerate(tasks)]
 
 
+def consolidation_line(done: dict, clock: dict | None) -> str:
+    """How the learning kept up: the rows the per-batch step learned, those consolidated and let go, the versions
+    published, how long rows waited for one, and the stream's clock."""
+    staleness = ("" if done["staleness_mean"] is None else
+                 f"; a consolidated row waited {done['staleness_mean']:.0f} rows on average "
+                 f"(at most {done['staleness_max']})")
+    stream = ("the stream waited for each" if not clock or clock["mode"] == "off" else
+              f"the stream did not wait ({clock['mode']}, rate {clock['rate']:g}; trainers busy {clock['busy']:.0f})")
+    overlap = (f"; encoders busy {done['encoder_busy_s']:.1f} s, {done['encoder_busy_consolidating_s']:.1f} s of it "
+               "while a consolidation ran" if "encoder_busy_s" in done else "")
+    return (f"rows observed {done['observed']}, consolidated {done['consolidated']}, let go {done['let_go']}; "
+            f"{done['versions']} versions published, {stream}{staleness}{overlap}")
+
+
 def summary_table(metrics: dict) -> str:
     acc = np.array(metrics["acc_matrix"], dtype=float)
     lines = [f"{_title(metrics)}", ""]
@@ -205,11 +219,13 @@ def summary_table(metrics: dict) -> str:
                  + (f"; unlabelled rows predicted {samples['predicted_unlabelled']} (predictions/)"
                     if samples.get("predicted_unlabelled") else ""))
     prequential = metrics.get("prequential")
-    # with boundaries a class-incremental visit is predicted before any of it is learned: the line would read 0
-    if prequential and prequential["rows"] and metrics.get("task_free"):
+    if prequential and prequential["rows"]:
         lines.append(f"test-then-train: prequential {100 * prequential['accuracy']:.2f} (last {prequential['window']} "
                      f"rows {100 * prequential['window_accuracy']:.2f})   near-future (k={prequential['near_future']}) "
                      f"{100 * prequential['near_future_accuracy']:.2f}   over {prequential['rows']} training rows")
+    done, clock = metrics.get("consolidation"), metrics.get("realtime")
+    if done:
+        lines.append(consolidation_line(done, clock))
     slots = metrics.get("slots")
     if slots and slots["history"]:
         lines.append(f"slots {slots['history'][0][1]} -> {slots['history'][-1][1]} "

@@ -46,6 +46,8 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
         config = load_config(run_dir / "config.yaml", cls=config_class(run_dir / "config.yaml"))
         # chaos mode belongs to the session that asked for it, not to the run: a resumed run streams without it
         config = replace(config, runtime=replace(config.runtime, chaos_seconds=0.0))
+    if in_process:
+        preflight.check_in_process(config)
     if isinstance(config, LMRunConfig):
         return run_methods(config, run_dir=run_dir, resumed=resume is not None, progress=progress,
                            actors=actors or (LocalActors() if in_process else None), on_batch=on_batch,
@@ -54,8 +56,6 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
     spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
     own, given_dir = actors is None, run_dir
     actors = actors or (LocalActors() if in_process else ActorCache())
-    if actors.local:
-        preflight.check_in_process(config)
     try:
         started = time.perf_counter()
         if not actors.local:

@@ -19,10 +19,7 @@ from memcl.pipeline import checkpoint, runner
 from memcl.pipeline.config import RuntimeConfig, load_config
 from memcl.pipeline.lm import LMRunConfig, run_specs
 from memcl_ops.arrow import schema as S
-from memcl_ops.data.lm_tasks import LMStreamSpec, task_batches
-from memcl_ops.data.lm_tasks import build_stream as build_lm_stream
-from memcl_ops.learner import Round
-from memcl_ops.learners import build_learner
+from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.methods import family_methods
 from memcl_ops.models.causal_lm import LMSpec
 from memcl_ops.realtime import RealtimeConfig
@@ -135,11 +132,14 @@ def test_a_stream_that_does_not_wait_publishes_the_same_versions_in_process_and_
     assert done["observed"] == done["consolidated"] == waited["consolidated"] == local.samples.learned
     clock = local.metrics["realtime"]
     assert clock["job"] is None and clock["published"] == done["versions"]
-    if local.metrics["realtime"]["cost"]:  # trainers busy in the background: versions come later and fewer
-        assert done["staleness_mean"] > waited["staleness_mean"] and done["versions"] < waited["versions"]
-        assert clock["busy"] > 0
+    if clock["cost"]:  # trainers busy in the background: versions come later, and no more of them
+        assert done["versions"] <= waited["versions"] and clock["busy"] > 0
     else:  # a head of sums keeps up: the same run as when the stream waits
         assert local.metrics["prequential"] == waits.metrics["prequential"]
+    if name in ("mars", "derpp"):  # a trained head learns a row when its consolidation is published: later here
+        assert done["staleness_mean"] > waited["staleness_mean"] > 0
+    else:  # a head of sums learned each row as it came
+        assert done["staleness_mean"] == waited["staleness_mean"] == 0
 
 
 @pytest.mark.parametrize("name", ["mars", "slda"])
@@ -155,7 +155,7 @@ def test_anytime_evaluation_is_the_same_in_process_and_on_actors(actors, one_tor
     rounds = len(metrics["round_log"])
     assert rounds > 3 and anytime.shape == (rounds, 3) and not np.isnan(anytime).any()
     assert np.isnan(local.matrix[np.triu_indices(3, 1)]).all()
-    assert metrics["anytime"]["row_visits"][-1] == 5
+    assert metrics["anytime"]["row_visits"][-1] == 2  # the last of the three visits
     counts = np.array(metrics["class_confusion"]["counts"])
     classes = metrics["class_confusion"]["classes"]
     tested = 3 * (ROWS_PER_FILE - REFUSED_PER_FILE)
@@ -218,44 +218,26 @@ def test_nsr_in_process_and_actor_pipeline_compute_the_same_run(actors, one_torc
 
 
 def test_lm_in_process_and_actor_pipeline_give_the_same_answers(actors, one_torch_thread, tmp_path):
-    """Every "lm" method, after every task, answers every test prompt it is asked the same in both executors; and
-    test-then-train, each training batch answered before it is learned (in process: `answer`, then `observe`), gives
-    the same answers to the training pairs too."""
+    """Every "lm" method, after every task, answers every test prompt it is asked the same in both executors, and
+    every training pair answered before it is learned (test-then-train) too; each run's figures and bytes alike."""
     config = LMRunConfig(
         model=LMSpec(name="tiny:llama", threads=1), methods=tuple(family_methods("lm")), budgets=(256,),
         stream=LMStreamSpec(tasks=("word-code", "made-up-base", "last-letter"), train_per_task=6, test_per_task=3,
                             batch_size=4),
         runtime=RuntimeConfig(actor_threads=1, progress=False, out=str(tmp_path)))
-    metrics = runner.run(config, run_dir=tmp_path / "lm", actors=actors).metrics
-    asked: dict[str, dict] = {}
-    before: dict[str, dict] = {}  # the training pairs, answered before they were learned
-    for line in (tmp_path / "lm" / "predictions.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["split"] == "test":
-            asked.setdefault(row["run"], {})[(row["after_task"], row["sample_id"])] = row["prediction"]
-        else:
-            before.setdefault(row["run"], {})[row["sample_id"]] = row["prediction"]
-    tasks = build_lm_stream(config.stream)
-    train, test = task_batches(tasks, config.stream.batch_size, config.stream.answer_batch_size)
-    task_of = {sid: j for j, batches in enumerate(test) for b in batches for sid in b.column(S.SAMPLE_ID).to_pylist()}
+    local = runner.run(config, run_dir=tmp_path / "local", in_process=True)
+    remote = runner.run(config, run_dir=tmp_path / "lm", actors=actors)
+
+    def answers(result) -> dict:
+        rows = [json.loads(line) for line in (result.run_dir / "predictions.jsonl").read_text().splitlines()]
+        return {(r["run"], r["split"], r["after_task"], r["sample_id"]): r["prediction"] for r in rows}
+
+    mine = answers(local)
+    assert mine == answers(remote)
     for spec in run_specs(config):
-        learner = build_learner(spec.method, config.method, seed=config.seed, lm=config.model, budget=spec.budget)
-        answered, answered_before = {}, {}
-        for t in range(len(tasks)):
-            learner.begin_round(Round(t, t, None))
-            for batch in train[t]:
-                out = learner.answer(batch, tasks[t].max_answer_tokens)
-                answered_before.update(zip(out.column(S.SAMPLE_ID).to_pylist(), out.column(S.PREDICTION).to_pylist()))
-                learner.observe(batch)
-            learner.consolidate()
-            for j in sorted({task_of[sid] for after, sid in asked[spec.name] if after == t}):
-                for batch in test[j]:
-                    out = learner.answer(batch, tasks[j].max_answer_tokens)
-                    answered.update({(t, sid): p for sid, p in zip(out.column(S.SAMPLE_ID).to_pylist(),
-                                                                    out.column(S.PREDICTION).to_pylist())})
-        assert answered == asked[spec.name], spec.name
-        assert answered_before == before[spec.name] and len(answered_before) == 18, spec.name
-        assert metrics["runs"][spec.name]["memory_bytes"] == learner.flow.memory_report(), spec.name
+        assert sum(1 for key in mine if key[0] == spec.name and key[1] == "train") == 18, spec.name
+        for key in ("acc_matrix", "prequential", "memory_bytes", "samples"):
+            assert local.runs[spec.name].metrics[key] == remote.runs[spec.name].metrics[key], (spec.name, key)
 
 
 def test_a_wall_clock_stream_publishes_each_version_once_its_trainers_are_done(actors, one_torch_thread, folder,

@@ -63,7 +63,7 @@ def test_test_then_train_columns_and_their_verdict_beside_a_last():
     without test-then-train figures shows '-'."""
     online = lambda method, a_last, preq, near: bench.RunRow(  # noqa: E731
         method, 0, {"a_last": a_last, "a_mean": a_last, "forgetting": 0.0, "bwt": 0.0, "prequential": preq,
-                    "near_future": near, "skipped": 0.25}, [a_last], 1.0, 10, "")
+                    "near_future": near, "let_go": 0.25}, [a_last], 1.0, 10, "")
     table = bench.aggregate([online("blind", 0.1, 0.9, 0.2), online("mars", 0.8, 0.6, 0.55), row("slda", 0.7)])
     assert "- test-then-train: best prequential blind (90.00), best near-future mars (55.00)" in bench.verdict_lines(
         table)

@@ -17,9 +17,9 @@ from memcl_ops.conformance import Stream, Visit, check_learner
 from memcl_ops.data.datasets import SyntheticSpec, make_synthetic
 from memcl_ops.data.lm_tasks import NOUNS, LMStreamSpec, build_stream
 from memcl_ops.data.streams import StreamSpec, make_plan
-from memcl_ops.learners.features import FeatureLearner
 from memcl_ops.learner import Round
 from memcl_ops.learners import build_learner
+from memcl_ops.learners.features import FeatureLearner
 from memcl_ops.mars.router import RouterConfig
 from memcl_ops.method_config import LMMethodConfig, MethodConfig
 from memcl_ops.methods import METHODS, method_spec

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.compute  # pa.compute
 import pytest
 import torch
 
@@ -13,8 +13,8 @@ from memcl.pipeline import loop
 from memcl_ops.arrow import schema as S
 from memcl_ops.baselines.heads import BlindConfig, NearestMeanHead
 from memcl_ops.data.sources import StreamInfo
-from memcl_ops.learners.features import FeatureLearner
 from memcl_ops.learner import Round
+from memcl_ops.learners.features import FeatureLearner
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.methods import method_spec
 from memcl_ops.prequential import PREDICTIONS, NearFutureModels, PrequentialConfig, Tally
@@ -99,7 +99,7 @@ def test_a_class_seen_once_is_predicted_from_its_next_batch_on_before_any_consol
         rng = np.random.default_rng(seed)
         means = rng.normal(scale=6.0, size=(4, DIM))
 
-        def batch(first: int, classes: list[int]) -> pa.RecordBatch:
+        def batch(first: int, classes: list[int], means=means, rng=rng) -> pa.RecordBatch:
             y = np.repeat(classes, 8)
             return S.feature_batch(np.arange(first, first + len(y)), means[y] + rng.normal(size=(len(y), DIM)), y)
 

@@ -96,3 +96,10 @@ def test_a_consolidation_takes_the_rows_of_ended_rounds_in_arrival_order_and_lea
     again = _buffer(rows=100)
     again.restore(state)
     assert again.take(open_round=3).column("sample_id").to_pylist() == [4]
+
+
+def test_a_stream_set_to_off_in_yaml_waits():
+    """YAML 1.1 reads `mode: off` (and `--set stream.realtime.mode=off`) as false: it still means the stream waits."""
+    from memcl.pipeline.config import load_config
+
+    assert load_config(overrides={"stream.realtime.mode": False}).stream.realtime.mode == "off"
