@@ -37,8 +37,8 @@ def run(weighting: str, seed: int) -> None:
         accuracy.append(float((learner.predict(batch) == np.asarray(batch.column(S.LABEL))).mean()))
     print(f"anchor_weighting={weighting}: A_last {100 * np.mean(accuracy):.2f}, last row (%)",
           np.round(100 * np.array(accuracy)).astype(int).tolist())
-    stage2 = learner.roles["stage2"]  # the head and the memory it was last trained through
-    router, anchors = stage2.memory, stage2.learner.class_anchors
+    served = learner.roles["predictor"]  # the published head and the memory it was trained through
+    router, anchors = served.memory, served.head.class_anchors
     _, classes, mass = anchors.points(router)
     for task in np.flatnonzero(np.array(accuracy) < 0.1):
         with torch.no_grad():

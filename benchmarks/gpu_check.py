@@ -320,7 +320,7 @@ def head_rows(sizes: Sizes, device: str) -> list[Row]:
 
 # each learner role of MARS's pipeline and the actor-busy stage that times its work
 PLACED_ROLES = {"memory": "memory.slots", "monitor": "monitor.monitor", "stage1": "stage1.stage1",
-                "stage2": "stage2.stage2"}
+                "stage2": "stage2.stage2", "predictor": "predictor.step"}
 
 
 def placed_role_rows(sizes: Sizes, device: str) -> list[Row]:

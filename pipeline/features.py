@@ -85,7 +85,7 @@ class FeaturePipeline:
         self.method = spec.resolve(config.method)
         names = ["source"]
         # each role computes where its placement put it: a GPU only where Ray assigned it one
-        devices = {role: rt.device(role) for role in ("memory", "monitor", "stage1", "stage2")}
+        devices = {role: rt.device(role) for role in ("memory", "monitor", "stage1", "stage2", "predictor")}
         plan = role_plan(spec, config.method, info.feature_dim, config.seed, threads=rt.actor_threads,
                          devices=devices, near_future=rt.prequential.near_future, buffer=config.stream.buffer)
         for role, (_, args) in plan.items():

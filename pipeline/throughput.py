@@ -241,7 +241,7 @@ def stages(metrics: dict, replicas: int) -> dict[str, float]:
         "route": busy.get("memory.slots", 0.0),
         "monitor": busy.get("monitor.monitor", 0.0),
         "train": busy.get("stage1.stage1", 0.0) + busy.get("stage2.stage2", 0.0),
-        "evaluate": busy.get("stage2.evaluate", 0.0),
+        "evaluate": busy.get("predictor.evaluate", 0.0),
         # streaming wall time in which no encoder replica was working (per replica, they run side by side)
         "ray_overhead": max(wall["stream"] - encode / replicas, 0.0),
     }

@@ -48,9 +48,9 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
               near_future: int = PrequentialConfig.near_future, buffer: BufferConfig = BufferConfig()) -> RolePlan:
     """The roles a method has and how each is built. `threads`: the torch threads of each hosting process (None:
     leave them); `device`: where routing, SGSE's reference distances, stage 1 and stage 2's training compute
-    ("auto": a GPU where the hosting process sees one); `devices`: per role ("memory", "monitor", "stage1",
-    "stage2"), instead of `device`; `near_future`: the k of near-future accuracy (memcl_ops/prequential.py);
-    `buffer`: the consolidation buffer's budget and policy."""
+    ("auto": a GPU where the hosting process sees one), and where a head of sums sums its statistics; `devices`: per
+    role ("memory", "monitor", "stage1", "stage2", "predictor"), instead of `device`; `near_future`: the k of
+    near-future accuracy (memcl_ops/prequential.py); `buffer`: the consolidation buffer's budget and policy."""
     method = spec.resolve(config)
     on = lambda role: (devices or {}).get(role, device)  # noqa: E731
     plan: RolePlan = {}
@@ -66,7 +66,7 @@ def role_plan(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: in
     memory = partial(frozen_router, feature_dim, method.router) if spec.memory else None
     if spec.head in TRAINED_HEADS:
         plan["stage2"] = (Stage2Trainer, (method, feature_dim, seed, threads, memory, on("stage2")))
-    plan["predictor"] = (Predictor, (method, feature_dim, seed, threads, memory, near_future, buffer))
+    plan["predictor"] = (Predictor, (method, feature_dim, seed, threads, memory, near_future, buffer, on("predictor")))
     return plan
 
 

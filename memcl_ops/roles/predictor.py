@@ -30,7 +30,7 @@ from memcl_ops.learner import FeatureMemory, HeadLearner
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.methods import build_head, method_spec
 from memcl_ops.prequential import NearFutureModels, PrequentialConfig, prediction_table
-from memcl_ops.tensors import array_bytes, prefixed, state_part
+from memcl_ops.tensors import array_bytes, prefixed, resolve_device, state_part
 
 MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's state -> the memory
 
@@ -82,21 +82,24 @@ Model = tuple[HeadLearner, FeatureMemory | None, ClassPrototypes | None]  # what
 class Predictor:
     """`memory_from_state`: how the memory the head reads is rebuilt from its state (None: the method has none);
     `near_future`: the k of near-future accuracy (memcl_ops/prequential.py); `buffer`: the consolidation buffer's
-    budget and policy; `threads`: the hosting process's torch threads (None: leave them)."""
+    budget and policy; `threads`: the hosting process's torch threads (None: leave them); `device`: where a head of
+    sums with `to(device)` sums its statistics ("auto": the GPU Ray assigned, else the CPU), the same integers as
+    on the CPU; predictions stay on the CPU."""
 
     def __init__(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
                  memory_from_state: MemoryBuilder | None = None, near_future: int = PrequentialConfig.near_future,
-                 buffer: BufferConfig = BufferConfig()):
-        self.reset(method, feature_dim, seed, threads, memory_from_state, near_future, buffer)
+                 buffer: BufferConfig = BufferConfig(), device: str = "cpu"):
+        self.reset(method, feature_dim, seed, threads, memory_from_state, near_future, buffer, device)
 
     def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
               memory_from_state: MemoryBuilder | None = None, near_future: int = PrequentialConfig.near_future,
-              buffer: BufferConfig = BufferConfig()) -> None:
+              buffer: BufferConfig = BufferConfig(), device: str = "cpu") -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         self.spec = method_spec(method.name)
         self.method = self.spec.resolve(method)
         self.feature_dim, self.seed = feature_dim, seed
+        self.device = resolve_device(device)
         self.memory_from_state = memory_from_state
         self.head: HeadLearner = self._new_head()
         self.online = hasattr(self.head, "observe")  # learns each batch itself: consolidation settles in place
@@ -114,7 +117,10 @@ class Predictor:
         self.clock = StageClock()
 
     def _new_head(self) -> HeadLearner:
-        return build_head(self.spec, self.method, self.feature_dim, self.seed)
+        head = build_head(self.spec, self.method, self.feature_dim, self.seed)
+        if hasattr(head, "observe") and hasattr(head, "to"):  # a head of sums: its sums where the role computes
+            head.to(self.device)
+        return head
 
     # -- the stream: each batch predicted, then learned by the cheap step and buffered --
 
