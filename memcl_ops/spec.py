@@ -1,22 +1,22 @@
 """What a registered method is (`MethodSpec`): its family, its roles, the settings that define it and the capability
 tags it declares. Each family declares its methods in its own package (mars/methods.py, baselines/methods.py, ...);
-memcl_ops/methods.py is the registry that finds every one by its name."""
+memcl_ops/methods.py is the registry that finds every one by its name. The floor of the method layers: it knows no
+family and no config class (a config is any frozen dataclass whose sections `fixed` names), so every family can
+declare its methods with it and `MethodConfig` (memcl_ops/method_config.py) gathers the families' sections above
+them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from memcl_ops.learner import HeadLearner
-    from memcl_ops.method_config import LMMethodConfig, MethodConfig
+Config = TypeVar("Config")  # MethodConfig or LMMethodConfig: sections the methods fix by name
 
 # Capability tags a method declares (Mammoth's COMPATIBILITY, river's tags); the conformance check
 # (memcl_ops/conformance.py) selects its checks by them; preflight refuses what a method cannot do.
 TAGS = {
     "task-free": "learns without task boundaries (rounds of K batches)",
-    "mergeable": "its learning is a sum of statistics: encoder replicas sum their batches' share, merged exactly",
     "trains-backbone": "trains weights inside the frozen model (LoRA), on raw batches",
     "generative": "answers text prompts with a causal LM (memcl lm) instead of predicting class labels",
     "byte-budget": "its memory is capped by a byte budget set per run (memcl lm --budgets)",
@@ -28,7 +28,8 @@ TAGS = {
 FAMILIES = ("features", "nsr", "lm")  # what runs where: a pipeline per family (pipeline/features.py, nsr.py, lm.py)
 
 
-HeadFactory = Callable[[int, "MethodConfig", int], "HeadLearner"]  # (feature_dim, config, seed) -> a head
+# (feature_dim, the method's config, seed) -> its head (a `HeadLearner`, memcl_ops/learner.py)
+HeadFactory = Callable[[int, Any, int], Any]
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,12 @@ class MethodSpec:
     def task_free(self) -> bool:
         return "task-free" in self.tags
 
-    @property
-    def mergeable(self) -> bool:
-        return "mergeable" in self.tags
-
-    def resolve(self, config: MethodConfig) -> MethodConfig:
+    def resolve(self, config: Config) -> Config:
         """`config` with this method's defining settings applied (they win over user values)."""
         sections = {name: replace(getattr(config, name), **values) for name, values in self.fixed.items()}
         return replace(config, name=self.name, **sections)
 
-    def resolve_lm(self, config: LMMethodConfig) -> LMMethodConfig:
+    def resolve_lm(self, config: Config) -> Config:
         """The same for the "lm" family's config (it has no method name)."""
         return replace(config, **{name: replace(getattr(config, name), **values)
                                   for name, values in self.fixed.items()})

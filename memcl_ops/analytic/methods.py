@@ -13,7 +13,7 @@ HEADS: dict[str, HeadFactory] = {
 
 METHODS = [
     MethodSpec("analytic", "analytic ridge head on the frozen features (exact running statistics, λ by LOO)",
-               head="analytic", fixed={"analytic": {"expansion_dim": 0}}, tags=frozenset({"task-free", "mergeable"})),
+               head="analytic", fixed={"analytic": {"expansion_dim": 0}}),
     MethodSpec("analytic-rp", "analytic ridge head on a fixed random ReLU expansion of the features (RanPAC-style)",
-               head="analytic", tags=frozenset({"task-free", "mergeable"})),
+               head="analytic"),
 ]
