@@ -62,7 +62,7 @@ def lora_run(workers: int, threads: int, out: str, cores: int, actors: ActorCach
     run = metrics["runs"]["lora"]
     epochs = config.method.finetune.optim.epochs
     return {"acc": run["acc_matrix"], "a_last": run["summary"]["a_last"],
-            "rows_per_s": run["samples"]["learned"] * epochs / run["wall_seconds"]["learn"],
+            "rows_per_s": run["samples"]["learned"] * epochs / run["wall_seconds"]["consolidate"],
             "weights": trained_weights(Path(metrics["run_dir"], "runs", "lora"), "lm_trainer", ("lora.",))}
 
 

@@ -420,7 +420,7 @@ def lm_replica_rows(sizes: Sizes, device: str) -> list[Row]:
                 json.loads, Path(metrics["run_dir"], "predictions.jsonl").read_text().splitlines())]
             placement = json.loads(Path(metrics["run_dir"], "runs", "base", "metrics.json").read_text())["placement"]
         run = metrics["runs"]["base"]
-        seconds = run["wall_seconds"]["prequential"] + run["wall_seconds"]["evaluate"]
+        seconds = run["wall_seconds"]["stream"] + run["wall_seconds"]["evaluate"]
         pairs = len(answers[replicas])
         devices = sorted({where["device"] for role, where in placement.items() if role.startswith("lm_encoder")})
         note = f"{name}; {pairs} pairs answered"

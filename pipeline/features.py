@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +38,8 @@ from memcl.pipeline.compiled_chain import ChainActors, CompiledChain
 from memcl.pipeline.config import ConfigError, RunConfig
 from memcl.pipeline.encoder_pool import EncoderPool
 from memcl.pipeline.local import LocalActors
-from memcl.pipeline.progress import InFlight, Progress, Reports
-from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensure_ray, stream_source
+from memcl.pipeline.progress import Progress, Reports
+from memcl.pipeline.roles import Roles, RoundEnd, RunState, ensure_ray, stream_source
 from memcl_ops.arrow import schema as S
 from memcl_ops.clock import overlap_seconds
 from memcl_ops.costs import consolidation_cost
@@ -46,13 +47,25 @@ from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.realtime import StreamClock
 from memcl_ops.roles.features import FeatureFlow, role_plan
-from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds, seen_after
+from memcl_ops.rounds import RoundBatches, plan_rounds
 from memcl_ops.spec import MethodSpec
 
 log = logging.getLogger("memcl")
 
 ACTORS = {"memory": MemoryManager, "monitor": NoveltyMonitor, "stage1": Stage1Trainer, "stage2": Stage2Trainer,
           "predictor": Predictor}
+
+
+@dataclass
+class OpenRound:
+    """The round being streamed: its batches, the stream's clock (a copy of the committed one: only a commit moves
+    it), what it published and predicted so far, and the batches a compiled chain streams at the round's last."""
+
+    batches: RoundBatches
+    clock: StreamClock
+    installs: list = field(default_factory=list)
+    predictions: list = field(default_factory=list)
+    compiled: list = field(default_factory=list)
 
 
 class FeaturePipeline:
@@ -94,7 +107,7 @@ class FeaturePipeline:
         # a trainer's head between consolidations is the predictor's published snapshot
         self.roles = Roles(actors, names, tuple(self.encoders.roles) if self.encoders is not None else (),
                            copies={"stage2": "predictor"} if "stage2" in plan else {})
-        self.x = self.roles.x
+        self.x, self.runtime = self.roles.x, rt
         self.flow = FeatureFlow(self.x, spec, config.method)
         self.cost = consolidation_cost(spec, config.method)
         self.chain: CompiledChain | None = None
@@ -119,64 +132,49 @@ class FeaturePipeline:
             return StreamClock.start(self.config.stream.realtime, self.cost, self.config.stream.batch_size)
         return StreamClock(**state.realtime)
 
-    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
-                     ) -> RoundOutcome:
-        """Stream one round (each batch predicted, then learned by the per-batch step), let the clock start and
-        publish consolidations, and evaluate after the visits the round ends (task-free: at an evaluation point)."""
-        rt, info, x = self.config.runtime, self.info, self.x
-        first, last = batches[0][0], batches[-1][0]
-        what = (f"task {info.visits[first] + 1}/{len(info.task_classes)} (visit {first + 1}/{len(info.visits)})"
-                if first == last else f"visits {first + 1}-{last + 1}/{len(info.visits)}")
-        bar = reports.progress.bar(f"{what} stream", len(batches))
-        clock = self.clock(state)
-        progress = reports.queue
-        self.flow.resume(clock, progress)  # a consolidation in flight at the last commit, after a restore
-        t_stream = time.perf_counter()
-        letters: list = []
-        installs: list = []
-        if rt.transport == "compiled":
-            predictions, refused = self.stream_compiled(batches, bar, on_batch)
-        else:
-            predictions, refused = [], []
-            in_flight = InFlight(rt.max_in_flight, bar, x.get)
-            for v, i in batches:
-                installs += self.flow.advance(clock, clock.arrival(self.offsets[v] + i), progress=progress)
-                batch, dead = x.call("source", "train_batch", v, i)
-                letters.append(dead)
-                features = self._features(batch, letters)
-                self.flow.route(features)
-                predictions.append(self.flow.step(features))
-                if on_batch is not None:
-                    on_batch(v, i)
-                in_flight.add(predictions[-1])
-            in_flight.drain()
-        seconds = {"stream": time.perf_counter() - t_stream}
-        t_consolidate = time.perf_counter()
-        self.flow.end_round(clock)
-        last_arrival = clock.arrival(self.offsets[last] + batches[-1][1])
-        installs += self.flow.advance(clock, last_arrival, final=state.next_round == self.rounds - 1,
-                                      progress=progress)
-        reported = [reports.get(p.report, what) for p in installs]
-        seconds["consolidate"] = time.perf_counter() - t_consolidate
-        overlap = self._overlap(installs, reported)
+    def begin_round(self, batches: RoundBatches, state: RunState, reports: Reports) -> None:
+        """The clock as the last commit left it, and the consolidation it had in flight started again after a
+        restore."""
+        self.round = OpenRound(batches, self.clock(state))
+        self.flow.resume(self.round.clock, reports.queue)
 
-        t_eval = time.perf_counter()
-        schedule = Schedule(self.task_free, self.rounds, rt.evaluate_every, rt.evaluate_window, rt.anytime)
-        ended = schedule.ended(info, batches)
-        seen = seen_after(state.seen_tasks, x.get([x.call("source", "visit_tasks", v)
-                                                   for v in sorted({v for v, _ in batches})]))
-        accuracy: dict[int, float] = {}
-        if schedule.due(info, state.next_round, ended):
-            reports.phase("evaluate")
-            accuracy = self.evaluate(schedule.tasks(seen, state.next_round, len(info.task_classes)),
-                                     schedule.test_visit(batches, ended), letters)
-        refused = [t for t in [*refused, *x.get(letters)] if t.num_rows]
-        seconds["evaluate"] = time.perf_counter() - t_eval
-        tables = [t for t in x.get(predictions) if t.num_rows]
+    def observe(self, visit: int, index: int, letters: list) -> object:
+        """One training batch: whatever the clock has done by its arrival (a consolidation published or started),
+        then the batch fetched, encoded, routed and predicted, then learned by the per-batch step. Returns its
+        predictions' handle (None with the compiled chain, which streams a round at its last batch)."""
+        x, now = self.x, self.round
+        if self.chain is not None:
+            now.compiled.append((visit, index))
+            if len(now.compiled) == len(now.batches):
+                block, refused = self.chain.stream(now.compiled, lambda step: None)
+                now.predictions.append(self.flow.step(*block))
+                letters += refused
+            return None
+        clock = now.clock
+        now.installs += self.flow.advance(clock, clock.arrival(self.offsets[visit] + index))
+        batch, dead = x.call("source", "train_batch", visit, index)
+        letters.append(dead)
+        features = self._features(batch, letters)
+        self.flow.route(features)
+        now.predictions.append(self.flow.step(features))
+        return now.predictions[-1]
+
+    def end_round(self, state: RunState, reports: Reports, *, final: bool) -> RoundEnd:
+        """The round's rows are due: the clock starts (and, when the stream waits, publishes) their consolidation;
+        `final`: the trainers work off every due round."""
+        now, x = self.round, self.x
+        clock, (v, i) = now.clock, now.batches[-1]
+        self.flow.end_round(clock)
+        now.installs += self.flow.advance(clock, clock.arrival(self.offsets[v] + i), final=final,
+                                          progress=reports.queue)
+        reported = [reports.get(p.report, "consolidate") for p in now.installs]
+        tables = [t for t in x.get(now.predictions) if t.num_rows]
         log = {"consolidations": [{k: v for k, v in r.items() if k != "installed_at"} for r in reported],
-               "epoch_losses": reports.take_losses(), **overlap}
-        return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
-                            seconds, log, pa.concat_tables(tables) if tables else None, dataclasses.asdict(clock))
+               "epoch_losses": reports.take_losses(), **self._overlap(now.installs, reported)}
+        return RoundEnd(log, pa.concat_tables(tables) if tables else None, dataclasses.asdict(clock))
+
+    def visit_tasks(self, visits: list[int]) -> list[list[int]]:
+        return self.x.get([self.x.call("source", "visit_tasks", v) for v in visits])
 
     def _overlap(self, published: list, reported: list[dict]) -> dict[str, float]:
         """The encoders' busy seconds this round, and how many of them fell while a consolidation ran: between its
@@ -210,21 +208,6 @@ class FeaturePipeline:
             self.message_bytes = 2 * max(self.x.get(self.x.call("source", "largest_batch_bytes")), features)
         return self.message_bytes
 
-    def stream_compiled(self, batches: RoundBatches, bar, on_batch: BatchHook | None
-                        ) -> tuple[list[ray.ObjectRef], list[pa.Table]]:
-        """The round's batches through the compiled chain, then predicted and learned by the predictor in stream
-        order (the stream waits: nothing is published inside a round). Returns (the predictions' handles, the
-        dead-letter tables of every hop)."""
-        def on_step(step: list[tuple[int, int]]) -> None:
-            bar.update(len(step))
-            for v, i in step if on_batch is not None else ():
-                on_batch(v, i)
-        try:
-            block, letters = self.chain.stream(batches, on_step)
-        finally:
-            bar.close()
-        return [self.flow.step(*block)], letters
-
     def close(self) -> None:
         """Release the actors from the compiled chain, if one was built (a teardown that fails after a fault is
         logged: the graph is gone either way, and the replay or the run's own error matters more)."""
@@ -235,8 +218,9 @@ class FeaturePipeline:
             except Exception as err:
                 log.warning("compiled chain teardown: %s: %s", type(err).__name__, err)
 
-    def evaluate(self, tasks: list[int], after_visit: int, letters: list) -> dict[int, float]:
-        """Accuracy per task on its test data (refused test rows join `letters`)."""
+    def evaluate(self, tasks: list[int], after_visit: int, letters: list, reports: Reports) -> dict[int, float]:
+        """Accuracy per task on its test data as of `after_visit`, by the model served now (refused test rows join
+        `letters`)."""
         x, refs = self.x, {}
         for t in tasks:
             refs[t] = []

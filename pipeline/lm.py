@@ -35,7 +35,7 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +52,8 @@ from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
 from memcl.pipeline.executors import ReplicaPool
 from memcl.pipeline.local import LocalActors
 from memcl.pipeline.loop import PhaseHook, discard_unstarted, new_run_dir, stream
-from memcl.pipeline.progress import InFlight, Progress, Reports
-from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
+from memcl.pipeline.progress import Progress, Reports
+from memcl.pipeline.roles import BatchHook, Roles, RoundEnd, RunResult, RunState, ensure_ray
 from memcl.pipeline.trainer_group import TrainerGroup
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
@@ -64,7 +64,7 @@ from memcl_ops.methods import family_methods, lm_method
 from memcl_ops.models.causal_lm import LMSpec, LMUnavailable, check_lm
 from memcl_ops.roles.lm import LMFlow
 from memcl_ops.roles.lm_trainer import REPLICATED as TRAINER_REPLICATED
-from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds
+from memcl_ops.rounds import RoundBatches, plan_rounds
 
 log = logging.getLogger("memcl")
 
@@ -178,6 +178,17 @@ class LMContext:
         self.query_keys.clear()
 
 
+@dataclass
+class OpenTask:
+    """The task being streamed: the calls that answer and learn its batches, and its round-log entry."""
+
+    index: int
+    started: float
+    answers: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
+    log: dict = field(default_factory=dict)
+
+
 class LMPipeline:
     """The actors of one (method, budget) run and what the method does with them."""
 
@@ -200,7 +211,7 @@ class LMPipeline:
                                          rt.actor_threads, replicated=TRAINER_REPLICATED)
             names += self.trainers.workers
         self.roles = Roles(ctx.actors, names, copies=self.trainers.copies if self.trainers else None)
-        self.x = ctx.actors.executor(self._handle)
+        self.x, self.runtime = ctx.actors.executor(self._handle), rt
         self.flow = LMFlow(self.x, method, self.method, spec.budget)
         self.task_free = False  # one round per task
 
@@ -212,49 +223,76 @@ class LMPipeline:
     def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, task_free=False, every=0)
 
-    def learn(self, task: int, on_batch: BatchHook | None, bars: Progress
-              ) -> tuple[dict, list[pa.RecordBatch], float]:
-        """Absorb one task's training pairs, batch by batch, each answered by the method as it stands before it is
-        learned (test-then-train, unless `stream.answer_training_pairs` is off); returns what the method reports
-        about it, the answers (prediction batches) and the wall seconds spent answering apart from learning (the
-        LoRA trainer's, the frozen base's; a memory method's answers and writes interleave, so its learning time
-        includes its answers)."""
-        ctx, flow = self.ctx, self.flow
-        tokens, batches = ctx.tasks[task].max_answer_tokens, ctx.train[task]
-        test_first = ctx.config.stream.answer_training_pairs  # test-then-train
-        if flow.trains:  # LoRA epochs over the whole task: its pairs answered first, then one call
-            started = time.perf_counter()
-            answers = bars.wait([flow.answer(b, tokens) for b in batches], f"{self.spec.name}: answer "
-                                f"{ctx.tasks[task].name}'s training pairs", "batch", leave=False) if test_first else []
-            answering = time.perf_counter() - started
-            trained = flow.learn_task(batches)
-            if on_batch is not None:
-                on_batch(task, 0)
-            losses = self.x.get(trained)
+    def begin_round(self, batches: RoundBatches, state: RunState, reports: Reports) -> None:
+        self.task = OpenTask(batches[0][0], time.perf_counter())
+
+    def observe(self, task: int, index: int, letters: list) -> object:
+        """One batch of the task's training pairs: answered by the method as it stands before it is learned
+        (test-then-train, unless `stream.answer_training_pairs` is off), then written into a memory method's
+        memory; the LoRA baseline learns the task's batches at its end, the frozen base nothing. Returns the call
+        that bounds the calls in flight (an answer reads the memory after the writes before it)."""
+        ctx, flow, now = self.ctx, self.flow, self.task
+        pairs, tokens = ctx.train[task][index], ctx.tasks[task].max_answer_tokens
+        if ctx.config.stream.answer_training_pairs:  # the memory's calls run in the order they are sent
+            now.answers.append(flow.answer(pairs, tokens))
+        if flow.prototypes or flow.demonstrations:
+            now.writes.append(flow.learn_batch(pairs, ctx.extraction(task, index)))
+        return now.answers[-1] if now.answers else now.writes[-1] if now.writes else None
+
+    def end_round(self, state: RunState, reports: Reports, *, final: bool) -> RoundEnd:
+        """The task's end: the LoRA baseline's epochs over the task's pairs (its answers first); what the method
+        reports about the task, with the answers to its training pairs scored."""
+        ctx, flow, now = self.ctx, self.flow, self.task
+        answers = self.x.get(now.answers)
+        answered = time.perf_counter()
+        if flow.trains:
+            losses = self.x.get(flow.learn_task(ctx.train[now.index]))
             self.trainers.drain()
-            return {"epoch_losses": losses}, answers, answering
-        if not (flow.prototypes or flow.demonstrations):  # the frozen base learns nothing: it only answers
-            started = time.perf_counter()
-            return ({}, self.x.get([flow.answer(b, tokens) for b in batches if test_first]),
-                    time.perf_counter() - started)
-        in_flight = InFlight(ctx.config.runtime.max_in_flight,
-                             bars.bar(f"{self.spec.name}: learn {ctx.tasks[task].name}", len(batches)), self.x.get)
-        calls, answers = [], []
-        for i, pairs in enumerate(batches):
-            # the memory's calls run in the order they are sent: the answer reads it before this batch's write
-            if test_first:
-                answers.append(flow.answer(pairs, tokens))
-            calls.append(flow.learn_batch(pairs, ctx.extraction(task, i)))
-            if on_batch is not None:
-                on_batch(task, i)
-            # an answer reads the memory after the writes before it: waiting on it waits on those too
-            in_flight.add(answers[-1] if test_first else calls[-1])
-        in_flight.drain()
-        outcomes, answers = self.x.get(calls), self.x.get(answers)
-        if flow.prototypes:
-            return {k: outcomes[-1][k] if k == "stored" else sum(o[k] for o in outcomes) for k in outcomes[0]}, \
-                answers, 0.0
-        return {"stored": outcomes[-1]}, answers, 0.0
+            learned: dict = {"epoch_losses": losses}
+        elif flow.prototypes:
+            outcomes = self.x.get(now.writes)
+            learned = {k: outcomes[-1][k] if k == "stored" else sum(o[k] for o in outcomes) for k in outcomes[0]}
+        elif flow.demonstrations:
+            learned = {"stored": self.x.get(now.writes)[-1]}
+        else:  # the frozen base learns nothing: it only answers
+            learned = {}
+        _, _, rows = score(answers, ctx.tasks[now.index], "train")
+        # the training pairs as answered before they were learned; the test pairs join at evaluation
+        now.log = {"task": now.index, "name": ctx.tasks[now.index].name, "learned": learned, "nll": {}, "scores": {},
+                   "predictions": [{"run": self.spec.name, "split": "train", "after_task": now.index - 1,
+                                    "task": now.index, **r} for r in rows],
+                   # the LoRA trainer's and the frozen base's answering apart from their learning (a memory method's
+                   # answers and writes interleave, so its learning time includes its answers)
+                   "answer_seconds": answered - now.started if flow.trains or not learned else 0.0}
+        return RoundEnd(now.log)
+
+    def visit_tasks(self, visits: list[int]) -> list[list[int]]:
+        return [[v] for v in visits]
+
+    def evaluate(self, tasks: list[int], after_visit: int, letters: list, reports: Reports) -> dict[int, float]:
+        """Each task's test pairs answered by the method as it stands (the frozen base's answers once per task, the
+        same for every later evaluation); the answers join the round's predictions."""
+        ctx, bars, log = self.ctx, reports.progress, self.task.log
+        accuracy = {}
+        for j in tasks:
+            if self.spec.method == "base" and j in ctx.base_answers:
+                accuracy[j], log["nll"][j], rows = ctx.base_answers[j]
+            else:
+                started = time.perf_counter()
+                answers = bars.wait(self.answer(j), f"{self.spec.name}: answer {ctx.tasks[j].name}", "batch",
+                                    leave=False)
+                accuracy[j], log["nll"][j], rows = score(answers, ctx.tasks[j])
+                ms = 1000 * (time.perf_counter() - started) / max(len(rows), 1)
+                rows = [{**r, "ms_per_query": ms} for r in rows]
+                if self.spec.method == "base":
+                    ctx.base_answers[j] = accuracy[j], log["nll"][j], rows
+            log["scores"][j] = {name: float(np.mean([r[name] for r in rows])) for name in SCORES + QUERY_COST}
+            log["predictions"] += [{"run": self.spec.name, "split": "test", "after_task": self.task.index, "task": j,
+                                    **r} for r in rows]
+        if accuracy:
+            bars.note(f"{self.spec.name} after {ctx.tasks[self.task.index].name}: mean accuracy on the tasks answered "
+                      f"{np.mean(list(accuracy.values())):.3f}")
+        return accuracy
 
     def answer(self, task: int) -> list:
         """Prediction batches for one task's test pairs under the method's current state."""
@@ -264,49 +302,6 @@ class LMPipeline:
             ctx.query_keys[task] = [flow.query_keys(b) for b in batches]
         keys = ctx.query_keys[task] if flow.demonstrations else [None] * len(batches)
         return [flow.answer(b, tokens, k) for b, k in zip(batches, keys)]
-
-    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports,
-                     on_batch: BatchHook | None) -> RoundOutcome:
-        """Learn one task, then answer the tasks due at the runtime's evaluation points (`Schedule`: every seen one,
-        or the `evaluate_window` newest; every seen one after the last task)."""
-        ctx, bars = self.ctx, reports.progress
-        task = batches[0][0]
-        t0 = time.perf_counter()
-        learned, answered, answering = self.learn(task, on_batch, bars)
-        _, _, answered_rows = score(answered, ctx.tasks[task], "train")
-        t1 = time.perf_counter()
-        rt = ctx.config.runtime
-        schedule = Schedule(False, len(ctx.tasks), rt.evaluate_every, rt.evaluate_window)
-        seen = list(range(task + 1))
-        due = schedule.tasks(seen, task, len(ctx.tasks)) if schedule.due(self.info, task, [task]) else []
-        # the training pairs as answered before they were learned, then the test pairs after the task
-        predictions = [{"run": self.spec.name, "split": "train", "after_task": task - 1, "task": task, **r}
-                       for r in answered_rows]
-        accuracy, nll, scores = {}, {}, {}
-        if due:
-            reports.phase("evaluate")
-        for j in due:
-            if self.spec.method == "base" and j in ctx.base_answers:
-                accuracy[j], nll[j], rows = ctx.base_answers[j]
-            else:
-                started = time.perf_counter()
-                answers = bars.wait(self.answer(j), f"{self.spec.name}: answer {ctx.tasks[j].name}", "batch",
-                                    leave=False)
-                accuracy[j], nll[j], rows = score(answers, ctx.tasks[j])
-                ms = 1000 * (time.perf_counter() - started) / max(len(rows), 1)
-                rows = [{**r, "ms_per_query": ms} for r in rows]
-                if self.spec.method == "base":
-                    ctx.base_answers[j] = accuracy[j], nll[j], rows
-            scores[j] = {name: float(np.mean([r[name] for r in rows])) for name in SCORES + QUERY_COST}
-            predictions += [{"run": self.spec.name, "split": "test", "after_task": task, "task": j, **r} for r in rows]
-        if accuracy:
-            bars.note(f"{self.spec.name} after {ctx.tasks[task].name}: mean accuracy on the tasks answered "
-                      f"{np.mean(list(accuracy.values())):.3f}")
-        return RoundOutcome(accuracy, seen, [task], len(batches), None,
-                            {"learn": t1 - t0 - answering, "prequential": answering,
-                             "evaluate": time.perf_counter() - t1},
-                            {"task": task, "name": ctx.tasks[task].name, "learned": learned, "nll": nll,
-                             "scores": scores, "predictions": predictions})
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:
         self.ctx.forget_calls()

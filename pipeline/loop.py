@@ -39,14 +39,14 @@ from memcl.pipeline.actor_cache import ActorRestarted, is_fault
 from memcl.pipeline.chaos import Chaos
 from memcl.pipeline.config import ConfigError, RuntimeConfig
 from memcl.pipeline.errors import RunStopped
-from memcl.pipeline.progress import Progress, Reports
-from memcl.pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline
+from memcl.pipeline.progress import InFlight, Progress, Reports
+from memcl.pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline, round_label
 from memcl.pipeline.tracking import TensorBoardLog
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.prequential import PrequentialConfig, Tally, labelled, unlabelled
-from memcl_ops.rounds import RoundBatches, matrix_rows
+from memcl_ops.rounds import RoundBatches, Schedule, matrix_rows, seen_after
 
 log = logging.getLogger("memcl")
 
@@ -180,7 +180,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         recovery.last_good = recovery.run("the start", pipe.roles.state)  # what a fault rolls every actor back to
 
         def round_step(r: int) -> tuple[RoundOutcome, dict[str, int], dict[str, checkpoint.State]]:
-            outcome = pipe.stream_round(rounds[r], state, reports, on_batch)
+            outcome = stream_round(pipe, rounds, r, state, reports, on_batch)
             reports.phase("commit")
             return outcome, pipe.memory_report(), pipe.roles.state()
 
@@ -211,6 +211,40 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         board.close(metrics)
     metrics["run_dir"] = str(run_dir)
     return RunResult.of(run_dir, metrics)
+
+
+def stream_round(pipe: StreamPipeline, rounds: list[RoundBatches], r: int, state: RunState, reports: Reports,
+                 on_batch: BatchHook | None) -> RoundOutcome:
+    """One round, the same for every family: each training batch observed (at most `runtime.max_in_flight` calls
+    outstanding), the round's end consolidated, then the tasks due at this evaluation point evaluated (`Schedule`:
+    after the visits the round ends; task-free, every `evaluate_every`-th round)."""
+    rt, info, batches = pipe.runtime, pipe.info, rounds[r]
+    letters: list = []
+    started = time.perf_counter()
+    pipe.begin_round(batches, state, reports)
+    in_flight = InFlight(rt.max_in_flight, reports.progress.bar(f"{round_label(pipe, batches)} stream", len(batches)),
+                         pipe.x.get)
+    for v, i in batches:
+        in_flight.add(pipe.observe(v, i, letters))
+        if on_batch is not None:
+            on_batch(v, i)
+    in_flight.drain()
+    streamed = time.perf_counter()
+    end = pipe.end_round(state, reports, final=r == len(rounds) - 1)
+    consolidated = time.perf_counter()
+    schedule = Schedule(pipe.task_free, len(rounds), rt.evaluate_every, rt.evaluate_window, rt.anytime)
+    ended = schedule.ended(info, batches)
+    seen = seen_after(state.seen_tasks, pipe.visit_tasks(sorted({v for v, _ in batches})))
+    accuracy: dict[int, float] = {}
+    if schedule.due(info, r, ended):
+        reports.phase("evaluate")
+        accuracy = pipe.evaluate(schedule.tasks(seen, r, len(info.task_classes)), schedule.test_visit(batches, ended),
+                                 letters, reports)
+    refused = [t for t in pipe.x.get(letters) if t.num_rows]
+    seconds = {"stream": streamed - started, "consolidate": consolidated - streamed,
+               "evaluate": time.perf_counter() - consolidated}
+    return RoundOutcome(accuracy, seen, ended, len(batches), pa.concat_tables(refused) if refused else None,
+                        seconds, end.log, end.predictions, end.clock)
 
 
 def _round_name(pipe: StreamPipeline, rounds: list[RoundBatches], r: int) -> str:

@@ -16,11 +16,9 @@ while it was the active task, read from the round log).
 
 from __future__ import annotations
 
-import time
-from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 import ray
 
 from memcl.actors.adapter_trainer import AdapterTrainer
@@ -29,8 +27,8 @@ from memcl.pipeline import checkpoint
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import ConfigError, Placement, RunConfig
 from memcl.pipeline.local import LocalActors
-from memcl.pipeline.progress import InFlight, Reports
-from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState
+from memcl.pipeline.progress import Reports
+from memcl.pipeline.roles import Roles, RoundEnd, RunState, round_label
 from memcl.pipeline.trainer_group import TrainerGroup
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
@@ -38,6 +36,23 @@ from memcl_ops.nsr.adapter import probe_full
 from memcl_ops.roles.adapter_trainer import REPLICATED
 from memcl_ops.roles.nsr import NSRFlow, nsr_stores
 from memcl_ops.rounds import RoundBatches, plan_rounds
+
+
+@dataclass
+class OpenVisit:
+    """The visit being streamed: the probe held until it fills, then the arrival's key and plan, the test batches
+    a returning task's recovery is tracked on, and the visit's end report."""
+
+    visit: int
+    task: int
+    batches: int
+    previous_best: float | None  # a returning task's best accuracy so far (None: its first visit)
+    held: list = field(default_factory=list)
+    rows: int = 0  # rows of the held batches that passed the gate
+    key: object = None
+    plan: object = None  # the arrival plan (None: the probe still fills)
+    tests: list = field(default_factory=list)
+    ended: dict = field(default_factory=dict)
 
 
 class NSRPipeline:
@@ -65,7 +80,7 @@ class NSRPipeline:
                        nsr_stores(self.nsr), rt.actor_threads)
             names.append("memory")
         self.roles = Roles(actors, names, copies=self.trainers.copies)
-        self.x = actors.executor(self._handle)
+        self.x, self.runtime = actors.executor(self._handle), rt
         self.flow = NSRFlow(self.x, self.nsr)
         self.task_free = False  # NSR keys its bank at task arrival
 
@@ -83,64 +98,61 @@ class NSRPipeline:
             letters.append(refused)
         return refs
 
-    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
-                     ) -> RoundOutcome:
-        """Stream one visit: arrival decision, training, compression and storage, evaluation of the seen tasks."""
-        info, nsr, rt, bars = self.info, self.nsr, self.config.runtime, reports.progress
-        v = batches[0][0]
-        task, n = info.visits[v], len(batches)
-        letters: list = []
-        t0 = time.perf_counter()
-        pending: deque = deque()
-
-        def submit(i: int) -> None:
-            batch, refused = self.x.call("source", "train_batch", v, i)
-            pending.append(batch)
-            letters.append(refused)
-            if on_batch is not None:
-                on_batch(v, i)
-
-        probe_batches = held = 0  # the first batches, until their rows that pass the gate make the probe
-        while probe_batches < n and not probe_full(held, nsr.probe_size):
-            submit(probe_batches)
-            held += self.x.get(self.x.call("source", "train_rows", v, probe_batches))
-            probe_batches += 1
+    def begin_round(self, batches: RoundBatches, state: RunState, reports: Reports) -> None:
+        """A visit begins: its first batches are held until their rows make the probe."""
+        visit = batches[0][0]
+        task = self.info.visits[visit]
         returning = task in state.seen_tasks
-        tests = self.test_refs(task, v, letters)
-        key, plan = self.flow.arrive(list(pending), info.task_classes[task],
-                                     previous_best(state.round_log, task) if returning else None, tests)
-        what = f"task {task + 1}/{len(info.task_classes)} (visit {v + 1}/{len(info.visits)})"
-        in_flight = InFlight(rt.max_in_flight, bars.bar(f"{what} nsr[{nsr.allocation}]", n), self.x.get)
-        for i in range(n):
-            if i >= probe_batches:
-                submit(i)
-            in_flight.add(self.flow.train(pending.popleft()))
-        in_flight.drain()
+        self.visit = OpenVisit(visit, task, len(batches),
+                               previous_best(state.round_log, task) if returning else None)
+
+    def observe(self, visit: int, index: int, letters: list) -> object:
+        """One training batch: held while the probe fills (the visit's arrival decision reads it), then trained on,
+        the held ones first. Returns the last training call submitted (None while the probe fills)."""
+        now, x = self.visit, self.x
+        batch, refused = x.call("source", "train_batch", visit, index)
+        letters.append(refused)
+        if now.plan is not None:
+            return self.flow.train(batch)
+        now.held.append(batch)
+        now.rows += x.get(x.call("source", "train_rows", visit, index))
+        if not probe_full(now.rows, self.nsr.probe_size) and index < now.batches - 1:
+            return None
+        now.tests = self.test_refs(now.task, visit, letters)
+        now.key, now.plan = self.flow.arrive(list(now.held), self.info.task_classes[now.task], now.previous_best,
+                                             now.tests)
+        return [self.flow.train(b) for b in now.held][-1]
+
+    def end_round(self, state: RunState, reports: Reports, *, final: bool) -> RoundEnd:
+        """The visit ends: the adapter compressed and, with a bank, stored under its task."""
+        now, bars = self.visit, reports.progress
         self.trainers.drain()
-        t_train = time.perf_counter()
-        ended = self.flow.end_visit(task, key, tests, wait=lambda ref: bars.wait(
+        what = round_label(self, [(now.visit, 0)])
+        ended = self.flow.end_visit(now.task, now.key, now.tests, wait=lambda ref: bars.wait(
             [ref], f"{what} compress and test", "call", leave=False)[0])
         predictions = ended.pop("prequential")
-        seen = state.seen_tasks + ([] if returning else [task])
-        reports.phase("evaluate")
-        accuracy = self.evaluate(seen, task, ended, v, letters, what, bars)
-        refused = [t for t in self.x.get(letters) if t.num_rows]
-        arrival = self.x.get(plan)
-        ended.update(visit=v, task=task, arrival=arrival.kind,
+        arrival = self.x.get(now.plan)
+        ended.update(visit=now.visit, task=now.task, arrival=arrival.kind,
                      retrieval=vars(arrival.retrieval) if arrival.retrieval else None)
-        bars.note(f"after visit {v + 1}: {arrival.kind} start, accuracy {accuracy}")
-        return RoundOutcome(accuracy, seen, [v], n, pa.concat_tables(refused) if refused else None,
-                            {"stream": t_train - t0, "evaluate": time.perf_counter() - t_train}, ended, predictions)
+        now.ended = ended
+        return RoundEnd(ended, predictions)
 
-    def evaluate(self, seen: list[int], active: int, ended: dict, v: int, letters: list, what: str, bars
-                 ) -> dict[int, float]:
-        """Each seen task through its bank entry (bank allocation; the active capacity for an evicted task), or
-        through the active capacity (memoryless allocations: one task solution held at a time)."""
-        refs = {t: self.flow.evaluate(t, self.info.task_classes[t], self.test_refs(t, v, letters))
-                for t in sorted(seen) if t != active}
-        scores = bars.wait(list(refs.values()), f"{what} evaluate", "task", leave=False)
+    def visit_tasks(self, visits: list[int]) -> list[list[int]]:
+        return [[self.info.visits[v]] for v in visits]
+
+    def evaluate(self, tasks: list[int], after_visit: int, letters: list, reports: Reports) -> dict[int, float]:
+        """Each task through its bank entry (bank allocation; the active capacity for an evicted task), or through
+        the active capacity (memoryless allocations: one task solution held at a time); the visit's own task as its
+        end measured it."""
+        now, bars = self.visit, reports.progress
+        refs = {t: self.flow.evaluate(t, self.info.task_classes[t], self.test_refs(t, after_visit, letters))
+                for t in tasks if t != now.task}
+        scores = bars.wait(list(refs.values()), f"{round_label(self, [(now.visit, 0)])} evaluate", "task",
+                           leave=False)
         accuracy = {t: float(a) for t, a in zip(refs, scores)}
-        accuracy[active] = ended["acc_stored"] if self.banks else ended["acc_live"]
+        if now.task in tasks:
+            accuracy[now.task] = now.ended["acc_stored"] if self.banks else now.ended["acc_live"]
+        bars.note(f"after visit {now.visit + 1}: {now.ended['arrival']} start, accuracy {accuracy}")
         return dict(sorted(accuracy.items()))
 
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -20,13 +20,14 @@ from ray import exceptions as rex
 from memcl.actors.stream_source import StreamSource
 from memcl.pipeline import auth, checkpoint
 from memcl.pipeline.actor_cache import ActorCache
-from memcl.pipeline.config import ConfigError, RunConfig
+from memcl.pipeline.config import ConfigError, RunConfig, RuntimeConfig
 from memcl.pipeline.local import LocalActors
 from memcl.pipeline.progress import Reports
 from memcl_ops import metrics as M
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
 from memcl_ops.prequential import Tally
+from memcl_ops.roles.executor import Executor
 from memcl_ops.rounds import RoundBatches
 
 BatchHook = Callable[[int, int], None]  # called with (visit, batch index) after each batch is submitted
@@ -205,17 +206,40 @@ class Roles:
         return dict(zip(names, self.x.get([self.x.call(r, "timings") for r in names])))
 
 
+@dataclass
+class RoundEnd:
+    """What a family's consolidation at a round's end gives the loop."""
+
+    log: dict  # the family's report of the round (its round-log entry)
+    predictions: pa.Table | None = None  # the round's test-then-train predictions (memcl_ops/prequential.py)
+    clock: dict | None = None  # the stream's clock after the round (memcl_ops/realtime.py)
+
+
 class StreamPipeline(Protocol):
-    """The actors of one run, wired for one method family; the runner drives it round by round."""
+    """The roles of one run, wired for one method family. The round loop (pipeline/loop.py `stream_round`) is the
+    same for every family; a family supplies its steps: what a round's start, each of its training batches and its
+    end do, and how a task is evaluated."""
 
     info: StreamInfo
     roles: Roles
+    x: Executor  # how the family's roles are called (actors, or objects of this process)
+    runtime: RuntimeConfig
     task_free: bool  # one accuracy row per evaluation point (round) instead of one per visit ended
 
     def plan(self) -> list[RoundBatches]: ...
 
-    def stream_round(self, batches: RoundBatches, state: RunState, reports: Reports, on_batch: BatchHook | None
-                     ) -> RoundOutcome: ...
+    def begin_round(self, batches: RoundBatches, state: RunState, reports: Reports) -> None: ...
+
+    # submit one training batch (visit, index); returns the handle that bounds the calls in flight (None: nothing)
+    def observe(self, visit: int, index: int, letters: list) -> Any: ...
+
+    # the round's end: its consolidation (`final`: the stream's last round)
+    def end_round(self, state: RunState, reports: Reports, *, final: bool) -> RoundEnd: ...
+
+    def visit_tasks(self, visits: list[int]) -> list[list[int]]: ...  # the tasks each visit trains
+
+    # accuracy per task on its test data as of `after_visit` (refused test rows join `letters`)
+    def evaluate(self, tasks: list[int], after_visit: int, letters: list, reports: Reports) -> dict[int, float]: ...
 
     # every role alive again, restored to parts (None: to the state the roles were constructed in)
     def revive(self, parts: dict[str, checkpoint.State] | None) -> None: ...
@@ -230,6 +254,14 @@ class StreamPipeline(Protocol):
     # scores of generated answers): prequential_curve(state) -> the curve so far, a point per committed round
 
     def close(self) -> None: ...  # release what the pipeline holds besides its actors (a compiled graph)
+
+
+def round_label(pipe: StreamPipeline, batches: RoundBatches) -> str:
+    """How progress bars name a round: its task and visit, or the visits it spans."""
+    info, first, last = pipe.info, batches[0][0], batches[-1][0]
+    if first == last:
+        return f"task {info.visits[first] + 1}/{len(info.task_classes)} (visit {first + 1}/{len(info.visits)})"
+    return f"visits {first + 1}-{last + 1}/{len(info.visits)}"
 
 
 def stream_source(config: RunConfig, actors: ActorCache) -> ray.actor.ActorHandle:

@@ -157,7 +157,8 @@ def test_the_encoder_keeps_encoding_while_the_trainers_consolidate(background, a
     assert waits["consolidation"]["encoder_busy_consolidating_s"] == 0 < waits["consolidation"]["encoder_busy_s"]
 
 
-@pytest.mark.parametrize("role", ["stage2", "stage1", "predictor"])
+@pytest.mark.parametrize("role", ["stage2", pytest.param("stage1", marks=pytest.mark.slow),
+                                  pytest.param("predictor", marks=pytest.mark.slow)])
 def test_an_actor_killed_while_a_consolidation_runs_in_the_background_is_recovered_exactly(
         actors, background, tmp_path, role):
     """The kill lands after round 0 has ended and its consolidation was handed to the trainers: the round is
