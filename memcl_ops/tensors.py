@@ -65,3 +65,47 @@ def prefixed(prefix: str, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]
 def state_part(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     """The inverse of `prefixed`."""
     return {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
+
+
+class SampleIds:
+    """The sample ids a role has learned, for exactly-once accounting: how many it was given (`added`) and the set
+    of them, kept as sorted disjoint ranges [start, end). A stream's ids come in runs, so the ranges stay few however
+    long the stream, and so does the state a checkpoint copies."""
+
+    def __init__(self) -> None:
+        self.ranges = np.zeros((0, 2), np.int64)
+        self.added = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        """Rows learned, by their sample ids (a repeated id counts in `added`, once in the set)."""
+        self.added += len(ids)
+        ids = np.unique(np.asarray(ids, np.int64))
+        if not len(ids):
+            return
+        breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+        runs = np.stack([ids[np.r_[0, breaks]], ids[np.r_[breaks - 1, len(ids) - 1]] + 1], axis=1)
+        self.ranges = _merge_ranges(np.concatenate([self.ranges, runs]))
+
+    def __len__(self) -> int:
+        """Distinct ids."""
+        return int((self.ranges[:, 1] - self.ranges[:, 0]).sum())
+
+    def array(self) -> np.ndarray:
+        return np.concatenate([np.arange(a, b) for a, b in self.ranges]) if len(self.ranges) else np.zeros(0, np.int64)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"ranges": self.ranges.copy(), "added": np.array(self.added, np.int64)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        self.ranges = np.asarray(state["ranges"], np.int64).reshape(-1, 2)
+        self.added = int(state["added"])
+
+
+def _merge_ranges(ranges: np.ndarray) -> np.ndarray:
+    """Sorted disjoint [start, end) ranges covering the union of `ranges` (touching ranges joined)."""
+    ranges = ranges[np.argsort(ranges[:, 0], kind="stable")]
+    ends = np.maximum.accumulate(ranges[:, 1])
+    starts_new = np.r_[True, ranges[1:, 0] > ends[:-1]]
+    first = np.flatnonzero(starts_new)
+    last = np.r_[first[1:] - 1, len(ranges) - 1]
+    return np.stack([ranges[first, 0], ends[last]], axis=1)

@@ -253,8 +253,8 @@ class FeaturePipeline:
         self.roles.restore(parts)
         self._compile()
 
-    def learned_ids(self) -> np.ndarray:
-        return self.x.get(self.x.call("predictor", "learned_ids"))
+    def learned_counts(self) -> tuple[int, int]:
+        return self.x.get(self.x.call("predictor", "learned_counts"))
 
     def finish(self, state: RunState) -> dict:
         x = self.x

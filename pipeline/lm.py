@@ -315,11 +315,11 @@ class LMPipeline:
     def memory_report(self) -> dict[str, int]:
         return self.flow.memory_report()
 
-    def learned_ids(self) -> np.ndarray:
+    def learned_counts(self) -> tuple[int, int]:
         for role in ("memory", "lm_trainer"):
             if role in self.roles.names:
-                return self.x.get(self.x.call(role, "learned_ids"))
-        return np.zeros(0, np.int64)
+                return tuple(self.x.get(self.x.call(role, "learned_counts")))
+        return 0, 0
 
     def close(self) -> None:
         """Nothing to release: this family streams through classic actor calls only."""

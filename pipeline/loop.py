@@ -396,7 +396,7 @@ def _anytime(pipe: StreamPipeline, state: RunState) -> dict:
 def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: RuntimeConfig) -> dict:
     info = pipe.info
     acc = np.array(state.acc_rows, dtype=np.float64).reshape(len(state.acc_rows), len(info.task_classes))
-    learned = pipe.learned_ids()
+    learned, unique = pipe.learned_counts()
     timings = pipe.roles.timings()
     return {
         "dataset": info.name,
@@ -410,7 +410,7 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: Runtime
         "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size and not np.isnan(acc[-1]).all() else None,
         "prequential": Tally(**state.prequential).report(rt.prequential) if state.prequential["curve"] else None,
         "anytime": _anytime(pipe, state) if rt.anytime and state.anytime_rows else None,
-        "samples": {"stream": info.num_samples, "learned": len(learned), "unique_learned": len(np.unique(learned)),
+        "samples": {"stream": info.num_samples, "learned": learned, "unique_learned": unique,
                     "refused": sum(state.refused.values()), "refused_by_reason": state.refused,
                     "refused_test": sum(state.refused_test.values()), "refused_test_by_reason": state.refused_test,
                     "refused_by_origin": state.refused_origins,

@@ -164,8 +164,8 @@ class NSRPipeline:
     def memory_report(self) -> dict[str, int]:
         return self.x.get(self.x.call("memory", "memory_report")) if self.banks else {}
 
-    def learned_ids(self) -> np.ndarray:
-        return self.x.get(self.x.call("adapter_trainer", "learned_ids"))
+    def learned_counts(self) -> tuple[int, int]:
+        return self.x.get(self.x.call("adapter_trainer", "learned_counts"))
 
     def close(self) -> None:
         """Nothing to release: this family streams through classic actor calls only."""

@@ -246,7 +246,8 @@ class StreamPipeline(Protocol):
 
     def memory_report(self) -> dict[str, int]: ...
 
-    def learned_ids(self) -> np.ndarray: ...  # sample ids trained on, for exactly-once accounting
+    # (rows trained on, distinct sample ids among them), for exactly-once accounting
+    def learned_counts(self) -> tuple[int, int]: ...
 
     def finish(self, state: RunState) -> dict: ...  # the family's entries of metrics.json
 

@@ -80,7 +80,7 @@ class FeatureLearner:
         out = {k: v for k, v in self.flow.memory_report().items() if k != "num_slots"}
         states = {name: role.state() for name, role in self.roles.items()}
         served = states["predictor"]
-        out["sample_ids"] = array_bytes({"learned": served["learned"]})
+        out["sample_ids"] = array_bytes(state_part(served, "learned"))
         if "memory" in self.roles:
             out["store_history"] = array_bytes(states["memory"]) - out["slots"]
         if "monitor" in self.roles:

@@ -75,8 +75,9 @@ class LMLearner:
         paper's anchor owner index and counters, replay's cached keys and task ids)."""
         out = self.flow.memory_report()
         for name, role in self.roles.items():
-            if hasattr(role, "learned_ids"):
-                out[f"{name}.sample_ids"] = int(role.learned_ids().nbytes)
+            learned = role.stores["text"].learned if name == "memory" else getattr(role, "learned", None)
+            if learned is not None:
+                out[f"{name}.sample_ids"] = int(learned.ranges.nbytes)
             if name == "memory":
                 state = role.state()
                 for part, reported in (("prototypes", "prototypes"), ("replay", "replay_text")):

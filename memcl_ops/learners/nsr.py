@@ -116,7 +116,7 @@ class NSRLearner:
         out = {"adapter": parameter_bytes(learner.adapters.parameters()),
                "head": parameter_bytes(learner.head.parameters()),
                "bookkeeping": 8 * (len(learner.classes) + len(self.task_classes) * (1 + n_way)),
-               "sample_ids": sum(int(role.learned_ids().nbytes) for role in self.roles.values()),
+               "sample_ids": int(self.trainer.learned.ranges.nbytes),
                "near_future_models": array_bytes(self.trainer.earlier.state(lambda capacity: capacity))}
         if "memory" in self.roles:
             bank = self.roles["memory"].stores["bank"]

@@ -14,7 +14,7 @@ from memcl_ops.arrow import schema as S
 from memcl_ops.baselines.text_replay import ReplayConfig, TextReplayBuffer, add_examples
 from memcl_ops.miita.answers import build_memory
 from memcl_ops.miita.directions import MemoryConfig
-from memcl_ops.tensors import prefixed, state_part
+from memcl_ops.tensors import SampleIds, prefixed, state_part
 
 
 @dataclass(frozen=True)
@@ -53,16 +53,16 @@ class TextMemoryStore:
     def __init__(self, hidden: int, vocab: int, prototypes: MemoryConfig | None, replay: ReplayConfig | None):
         self.prototypes = build_memory(hidden, vocab, prototypes) if prototypes is not None else None
         self.replay = TextReplayBuffer(hidden, replay) if replay is not None else None
-        self.learned: list[np.ndarray] = []  # sample ids written, for exactly-once accounting
+        self.learned = SampleIds()  # sample ids written, for exactly-once accounting
 
     def write_prototypes(self, extracted: pa.RecordBatch) -> dict[str, int]:
         """MIITA WRITE (with repair) of every (key, direction) row, in stream order."""
-        self.learned.append(S.sample_ids_to_numpy(extracted))
+        self.learned.add(S.sample_ids_to_numpy(extracted))
         return self.prototypes.write_batch(extracted)
 
     def write_replay(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch) -> int:
         add_examples(self.replay, pairs, extracted)
-        self.learned.append(S.sample_ids_to_numpy(pairs))
+        self.learned.add(S.sample_ids_to_numpy(pairs))
         return len(self.replay)
 
     def write_both(self, pairs: pa.RecordBatch, extracted: pa.RecordBatch, hybrid: HybridConfig,
@@ -72,7 +72,7 @@ class TextMemoryStore:
         outcome = self.prototypes.write_batch(extracted)
         self.replay.limit(hybrid.demonstration_room(total_budget, self.prototypes.nbytes()))
         add_examples(self.replay, pairs, extracted, hybrid.demonstrate_above_nll)
-        self.learned.append(S.sample_ids_to_numpy(pairs))
+        self.learned.add(S.sample_ids_to_numpy(pairs))
         return {**outcome, "stored": len(self.replay)}
 
     def prototype_state(self) -> dict[str, np.ndarray]:
@@ -82,8 +82,9 @@ class TextMemoryStore:
         """The stored examples nearest to each query key (text replay in the prompt)."""
         return self.replay.nearest(torch.from_numpy(np.array(query_keys)))
 
-    def learned_ids(self) -> np.ndarray:
-        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+    def learned_counts(self) -> tuple[int, int]:
+        """(pairs written, distinct sample ids among them)."""
+        return self.learned.added, len(self.learned)
 
     def report(self) -> dict[str, int]:
         out = {}
@@ -94,7 +95,7 @@ class TextMemoryStore:
         return out
 
     def state(self) -> dict[str, np.ndarray]:
-        out = {"learned": self.learned_ids()}
+        out = prefixed("learned", self.learned.state())
         for name, part in (("prototypes", self.prototypes), ("replay", self.replay)):
             if part is not None:
                 out.update(prefixed(name, part.state()))
@@ -104,4 +105,4 @@ class TextMemoryStore:
         for name, part in (("prototypes", self.prototypes), ("replay", self.replay)):
             if part is not None:
                 part.restore(state_part(state, name))
-        self.learned = [np.asarray(state["learned"])]
+        self.learned.restore(state_part(state, "learned"))

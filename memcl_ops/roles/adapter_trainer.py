@@ -24,7 +24,7 @@ from memcl_ops.models.lora import backbone_parameters
 from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
 from memcl_ops.nsr.task_bank import BankEntry
 from memcl_ops.prequential import PREDICTIONS, NearFutureModels, PrequentialConfig, prediction_table
-from memcl_ops.tensors import prefixed, state_part
+from memcl_ops.tensors import SampleIds, prefixed, state_part
 
 # the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
 REPLICATED = frozenset({"begin_task", "train"})
@@ -52,7 +52,7 @@ class AdapterTrainer:
         self.tracker: RecoveryTracker | None = None
         self.compressed: Snapshot | None = None
         self.eval_batches: tuple[pa.RecordBatch, ...] = ()
-        self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
+        self.learned = SampleIds()  # sample ids trained on, for exactly-once accounting
         self.predictions: list[pa.Table] = []  # the visit's training batches as predicted before they were learned
         # earlier capacities (their states) for the near-future predictions
         self.earlier: NearFutureModels[dict[str, np.ndarray]] = NearFutureModels(near_future)
@@ -119,7 +119,7 @@ class AdapterTrainer:
 
         with self.clock.time("train"):
             losses = self.learner.train_batch(batch, after_step=self._track, before_step=predict if predicts else None)
-            self.learned.append(np.asarray(batch.column("sample_id").to_numpy()))
+            self.learned.add(batch.column("sample_id").to_numpy())
         if predicts:
             prediction, score = (np.concatenate(part) for part in zip(*steps, strict=True))
             self.predictions.append(prediction_table(batch, prediction, score, prediction if near is None else near,
@@ -173,16 +173,17 @@ class AdapterTrainer:
             with self.learner.holding(entry):
                 return self.learner.scored(batch, classes)[0]
 
-    def learned_ids(self) -> np.ndarray:
-        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+    def learned_counts(self) -> tuple[int, int]:
+        """(rows trained on, distinct sample ids among them)."""
+        return self.learned.added, len(self.learned)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {**prefixed("learner", self.learner.state()), "learned": self.learned_ids(),
+        return {**prefixed("learner", self.learner.state()), **prefixed("learned", self.learned.state()),
                 **prefixed("versions", self.earlier.state(lambda capacity: prefixed("learner", capacity)))}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.learner.restore(state_part(state, "learner"))
-        self.learned = [np.asarray(state["learned"])]
+        self.learned.restore(state_part(state, "learned"))
         self.earlier.restore(state_part(state, "versions"), lambda arrays: state_part(arrays, "learner"))
         self.predictions = []
 

@@ -18,6 +18,7 @@ from memcl_ops.clock import StageClock
 from memcl_ops.data_parallel import DataParallel, data_parallel, join_group
 from memcl_ops.models.causal_lm import LMSpec, load_lm
 from memcl_ops.models.lora import LoRAAdapters
+from memcl_ops.tensors import SampleIds, prefixed, state_part
 
 # the calls every data-parallel worker takes (they change what the workers learn); the others go to worker 0
 REPLICATED = frozenset({"train"})
@@ -41,7 +42,7 @@ class LMTrainer:
         self.config, self.seed = config, seed
         self.parallel: DataParallel | None = None  # set by `join`, after every reset
         self.rounds = 0
-        self.learned: list[np.ndarray] = []  # sample ids trained on, for exactly-once accounting
+        self.learned = SampleIds()  # sample ids trained on, for exactly-once accounting
         self.clock = StageClock()
 
     @property
@@ -67,7 +68,8 @@ class LMTrainer:
             history = finetune(self.lm, self.adapters, batches, self.config.optim,
                                seed=self.seed * 100_003 + self.rounds, parallel=self.parallel)
             self.rounds += 1
-            self.learned += [S.sample_ids_to_numpy(b) for b in batches]
+            for b in batches:
+                self.learned.add(S.sample_ids_to_numpy(b))
             return history
 
     def generate(self, pairs: pa.RecordBatch, max_new_tokens: int) -> pa.RecordBatch:
@@ -80,17 +82,18 @@ class LMTrainer:
         """The adapter is trained state, not memory of past data; reported for completeness."""
         return {"adapter": int(sum(v.nbytes for v in self.adapters.factors().values()))}
 
-    def learned_ids(self) -> np.ndarray:
-        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+    def learned_counts(self) -> tuple[int, int]:
+        """(pairs trained on, distinct sample ids among them)."""
+        return self.learned.added, len(self.learned)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**{f"lora.{k}": v for k, v in self.adapters.factors().items()}, "rounds": np.array(self.rounds),
-                "learned": self.learned_ids()}
+                **prefixed("learned", self.learned.state())}
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
         self.adapters.load_factors({k[5:]: v for k, v in state.items() if k.startswith("lora.")})
         self.rounds = int(state["rounds"])
-        self.learned = [np.asarray(state["learned"])]
+        self.learned.restore(state_part(state, "learned"))
 
     def timings(self) -> dict:
         return self.clock.report()

@@ -66,10 +66,11 @@ class MemoryManager:
         """The one byte report of every store."""
         return {k: v for store in self.stores.values() for k, v in store.report().items()}
 
-    def learned_ids(self) -> np.ndarray:
-        """Sample ids written into the stores that learn from rows, for exactly-once accounting."""
-        ids = [store.learned_ids() for store in self.stores.values() if hasattr(store, "learned_ids")]
-        return np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    def learned_counts(self) -> tuple[int, int]:
+        """(rows written into the stores that learn from rows, distinct sample ids among them), for exactly-once
+        accounting."""
+        counts = [store.learned_counts() for store in self.stores.values() if hasattr(store, "learned_counts")]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def state(self) -> dict[str, np.ndarray]:
         return {k: v for name, store in self.stores.items() for k, v in prefixed(name, store.state()).items()}

@@ -30,7 +30,7 @@ from memcl_ops.learner import FeatureMemory, HeadLearner
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.methods import build_head, method_spec
 from memcl_ops.prequential import NearFutureModels, PrequentialConfig, prediction_table
-from memcl_ops.tensors import array_bytes, prefixed, resolve_device, state_part
+from memcl_ops.tensors import SampleIds, array_bytes, prefixed, resolve_device, state_part
 
 MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's state -> the memory
 
@@ -111,7 +111,7 @@ class Predictor:
         self.round = 0  # the open round: its rows are not due yet
         self.observed = 0  # labelled training rows learned by the per-batch step
         self.in_flight: dict[str, np.ndarray] = {}  # the running consolidation's inputs (block, memory)
-        self.learned: list[np.ndarray] = []  # sample ids of every consolidated row, for exactly-once accounting
+        self.learned = SampleIds()  # every consolidated row's sample id, for exactly-once accounting
         self.staleness = np.zeros(2, np.int64)  # over the consolidated rows: Σ rows delivered meanwhile, the most
         self.earlier: NearFutureModels[Model] = NearFutureModels(near_future)
         self.clock = StageClock()
@@ -207,7 +207,7 @@ class Predictor:
             self.version += 1
             if block is not None:
                 ids = S.sample_ids_to_numpy(block)
-                self.learned.append(ids)
+                self.learned.add(ids)
                 # an online head learned each row as it came: the next batch was predicted with it
                 waited = np.zeros(len(ids), np.int64) if self.online else (
                     self.observed - 1 - block.column("arrival").to_numpy())
@@ -265,12 +265,16 @@ class Predictor:
     # -- accounting, memory, state --
 
     def learned_ids(self) -> np.ndarray:
-        return np.concatenate(self.learned) if self.learned else np.zeros(0, np.int64)
+        return self.learned.array()
+
+    def learned_counts(self) -> tuple[int, int]:
+        """(rows consolidated, distinct sample ids among them)."""
+        return self.learned.added, len(self.learned)
 
     def counters(self) -> dict[str, Any]:
         """Rows observed, consolidated and let go, and the staleness of the consolidated ones (labelled rows
         delivered between a row's arrival and the first version that learned it)."""
-        consolidated = int(sum(len(ids) for ids in self.learned))
+        consolidated = self.learned.added
         return {"observed": self.observed, "consolidated": consolidated, "let_go": self.buffer.let_go,
                 "buffered": len(self.buffer) + self.in_flight_rows(),
                 "versions": self.version,
@@ -290,7 +294,7 @@ class Predictor:
         out = {**prefixed("head", self.head.state()), **prefixed("memory", self.memory_state),
                **prefixed("buffer", self.buffer.state()), **prefixed("in_flight", self.in_flight),
                "counters": np.array([self.version, self.round, self.observed, *self.staleness], np.int64),
-               "learned": self.learned_ids()}
+               **prefixed("learned", self.learned.state())}
         if self.prototypes is not None:
             out.update(prefixed("prototypes", self.prototypes.state()))
         out.update(prefixed("versions", self.earlier.state(self._versions_state)))
@@ -304,7 +308,7 @@ class Predictor:
         self.in_flight = state_part(state, "in_flight")
         self.version, self.round, self.observed, *staleness = (int(v) for v in state["counters"])
         self.staleness = np.array(staleness, np.int64)
-        self.learned = [np.asarray(state["learned"], np.int64)]
+        self.learned.restore(state_part(state, "learned"))
         if self.prototypes is not None:
             self.prototypes.restore(state_part(state, "prototypes"))
         self.earlier.restore(state_part(state, "versions"), self._versions_from)

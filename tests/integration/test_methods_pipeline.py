@@ -10,6 +10,7 @@ import pytest
 from memcl.pipeline import bench, checkpoint, runner
 from memcl.pipeline.config import load_config
 from memcl_ops.methods import METHODS, family_methods
+from memcl_ops.tensors import SampleIds, state_part
 
 pytestmark = pytest.mark.ray
 
@@ -44,7 +45,9 @@ def test_method_runs_through_the_actor_pipeline(actors, tmp_path, name):
     # The head learner's checkpoint after the third task: it has been given exactly the samples streamed up to
     # there (ids are stream positions), none of the fourth task's.
     parts, _ = checkpoint.read(next(tmp_path.glob("*/checkpoints/ckpt-000002.npz")))
-    learned = np.sort(parts["predictor"]["learned"])
+    ids = SampleIds()
+    ids.restore(state_part(parts["predictor"], "learned"))
+    learned = ids.array()
     np.testing.assert_array_equal(learned, np.arange(3 * 2 * TRAIN_PER_CLASS))
 
 

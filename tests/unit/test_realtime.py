@@ -103,3 +103,24 @@ def test_a_stream_set_to_off_in_yaml_waits():
     from memcl.pipeline.config import load_config
 
     assert load_config(overrides={"stream.realtime.mode": False}).stream.realtime.mode == "off"
+
+
+def test_the_learned_sample_ids_keep_as_few_ranges_as_the_stream_has_runs():
+    """Exactly-once accounting that does not grow with the stream: 10,000 batches of consecutive ids are one range;
+    a repeated id counts in `added` and once in the set; ids out of order merge into the ranges they join."""
+    from memcl_ops.tensors import SampleIds
+
+    ids = SampleIds()
+    for start in range(0, 2_560_000, 256):
+        ids.add(np.arange(start, start + 256))
+    assert ids.ranges.tolist() == [[0, 2_560_000]] and len(ids) == ids.added == 2_560_000
+    ids.add(np.array([7, 7, 3_000_000]))
+    assert ids.added == 2_560_003 and len(ids) == 2_560_001 and len(ids.ranges) == 2
+    rng = np.random.default_rng(0)
+    shuffled = SampleIds()
+    for part in np.array_split(rng.permutation(1000), 37):
+        shuffled.add(part)
+    assert shuffled.ranges.tolist() == [[0, 1000]]
+    again = SampleIds()
+    again.restore(ids.state())
+    assert again.ranges.tolist() == ids.ranges.tolist() and again.added == ids.added
