@@ -27,6 +27,7 @@ class Encoder:
         self.clock = StageClock()
         self.partial: AnalyticHead | None = None  # this replica's share of an analytic head's statistics
         self.cache: ContentCache | None = None  # features by payload digest (`use_cache`)
+        self.bound: S.FeatureBound | None = None  # the feature values the stream's method takes (`use_bound`)
         if getattr(self, "args", None) == (spec, payload, threads):
             return  # same frozen encoder: keep the loaded weights
         torch.set_num_threads(threads)
@@ -44,14 +45,15 @@ class Encoder:
 
     @ray.method(num_returns=2)
     def encode(self, batch: pa.RecordBatch | None, accumulate: bool = False) -> tuple[pa.RecordBatch | None, pa.Table]:
-        """(feature batch, dead letters): rows whose features come out non-finite are refused here.
+        """(feature batch, dead letters): rows whose features come out non-finite (or beyond `use_bound`'s bound) are
+        refused here.
         `accumulate`: also fold the labelled rows that pass into this replica's partial statistics (a training batch
         of an analytic head; `use_statistics` first)."""
         with self.clock.time("encode"):
             if batch is None:  # every row was refused upstream
                 return None, empty_dead_letters()
             features, letters = gate(encode_checked(self.encoder, batch, self.cache),
-                                     S.Contract(feature_dim=self.encoder.dim))
+                                     S.Contract(feature_dim=self.encoder.dim, feature_bound=self.bound))
         if accumulate:
             if self.partial is None:
                 raise RuntimeError("encode(accumulate=True) before use_statistics: no analytic head to sum into")
@@ -60,6 +62,11 @@ class Encoder:
                 if len(y):
                     self.partial.update(x, y)
         return features, letters
+
+    def use_bound(self, bound: S.FeatureBound) -> None:
+        """Refuse encoded rows beyond `bound` too, as the source refuses given features (rows encoded in-line, which
+        no source gate sees as features); filling the feature cache refuses only what is not finite."""
+        self.bound = bound
 
     def use_cache(self, root: str) -> None:
         """Look features up by payload digest in the content cache under `root` before encoding (in-line encoding of

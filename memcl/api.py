@@ -43,7 +43,8 @@ def run_in_process(method: str = "mars", settings: dict[str, Any] | None = None,
         raise ValueError(f"{method} is an LM method: drive `memcl.build_learner({method!r}, ...)` over text-pair "
                          "batches, or run it with `memcl.run`")
     cfg = _run_config(method, settings, config, seed)
-    source = StreamSource(cfg.data, cfg.stream, cfg.runtime.max_batch_rows, unlabelled=spec.family == "features")
+    source = StreamSource(cfg.data, cfg.stream, cfg.runtime.max_batch_rows, unlabelled=spec.family == "features",
+                          method=cfg.method, seed=seed)
     info = source.describe()
     if spec.family == "nsr":
         learner = build_learner(method, cfg.method, seed=seed, encoder=cfg.encoder.spec, payload=info.payload,

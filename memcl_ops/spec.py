@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from memcl_ops.arrow.schema import FeatureBound
     from memcl_ops.learner import HeadLearner
     from memcl_ops.method_config import LMMethodConfig, MethodConfig
 
@@ -29,6 +30,7 @@ FAMILIES = ("features", "nsr", "lm")  # what runs where: a pipeline per family (
 
 
 HeadFactory = Callable[[int, "MethodConfig", int], "HeadLearner"]  # (feature_dim, config, seed) -> a head
+BoundFactory = Callable[[int, "MethodConfig", int], "FeatureBound"]  # (feature_dim, config, seed) -> what a head takes
 
 
 @dataclass(frozen=True)

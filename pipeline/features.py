@@ -39,6 +39,7 @@ from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunState, ensur
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
+from memcl_ops.methods import feature_bound
 from memcl_ops.realtime import StreamClock, start_clock
 from memcl_ops.roles.features import FeatureFlow, role_plan
 from memcl_ops.rounds import RoundBatches, Schedule, plan_rounds, seen_after
@@ -92,6 +93,9 @@ class FeaturePipeline:
         self._compile()
 
     def _prepare_encoders(self) -> None:
+        if self.inline:
+            bound = feature_bound(self.config.method, self.encoders.dim, self.config.seed)
+            ray.get([r.use_bound.remote(bound) for r in self.encoders.replicas])
         if self.merges:
             ray.get([r.use_statistics.remote(self.method.analytic, self.config.seed) for r in self.encoders.replicas])
         if self.content_cache:

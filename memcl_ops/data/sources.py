@@ -274,7 +274,7 @@ class ArrowDirStream:
         if piece.path in self.settles:
             table = self._late_rows(piece)
         else:
-            table = self._features_as_contract(self._table(piece.path).slice(piece.offset, piece.length))
+            table = self._table(piece.path).slice(piece.offset, piece.length)
         batches = table.combine_chunks().to_batches()
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
@@ -294,28 +294,11 @@ class ArrowDirStream:
                                 S.LABEL: pa.array([values[k]], pa.int32()),
                                 self.payload: pa.nulls(1, self._payload_type)})
             else:
-                row = self._features_as_contract(source.slice(origin[1], 1).select(columns))
+                row = source.slice(origin[1], 1).select(columns)
                 row = row.set_column(2, row.schema.field(2), pa.array([values[k]], row.schema.field(2).type))
             rows.append(row)
-        return pa.concat_tables(rows, promote_options="default") if rows else labels
-
-    def _features_as_contract(self, table: pa.Table) -> pa.Table:
-        """Feature lists of any float type and list kind (numpy's float64, pandas' variable-length lists) as the
-        fixed_size_list<float32, feature_dim> the learner takes, when every row has that length; otherwise the
-        table is left as it is and the gate refuses what breaks the contract."""
-        idx = table.schema.get_field_index(S.FEATURES)
-        if self.payload != "features" or idx < 0:
-            return table
-        target = pa.list_(pa.float32(), self.feature_dim)
-        typ = table.schema.field(idx).type
-        if typ == target or not (pa.types.is_list(typ) or pa.types.is_large_list(typ)
-                                 or pa.types.is_fixed_size_list(typ)) or not pa.types.is_floating(typ.value_type):
-            return table
-        try:
-            column = pc.cast(table.column(idx), target)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):  # e.g. another width
-            return table
-        return table.set_column(idx, table.schema.field(idx).with_type(target), column)
+        # rows of files whose payload types differ meet in a type that holds them all; the gate casts it
+        return pa.concat_tables(rows, promote_options="permissive") if rows else labels
 
     def _sidecar_names(self) -> list[str] | None:
         path = self.root / CLASS_NAMES_FILE

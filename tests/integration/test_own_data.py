@@ -81,14 +81,14 @@ def test_every_row_refused_exits_non_zero_with_the_reasons(ray_session, tmp_path
     (root / "train").mkdir(parents=True)
     ragged = pa.table({S.SAMPLE_ID: pa.array(np.arange(6), pa.int64()), S.TASK_ID: pa.array([0] * 6, pa.int32()),
                        S.LABEL: pa.array([0, 1] * 3, pa.int32()),
-                       S.FEATURES: pa.array([[0.5] * (DIM - i % 2) for i in range(6)], pa.list_(pa.float32()))})
+                       S.FEATURES: pa.array([[0.5] * (DIM - 1 - i % 2) for i in range(6)], pa.list_(pa.float32()))})
     pq.write_table(ragged, root / "train" / "000.parquet")
     rc = cli.main(["run", "--set", f"data.dataset=arrow:{root}", "--set", "data.payload=features",
                    "--set", f"data.feature_dim={DIM}", "--set", "method.name=finetune",
                    "--set", f"runtime.out={tmp_path / 'runs'}", "--set", "runtime.progress=false"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
-    assert err[-1].startswith("memcl: error: nothing was learned: 6 of 6 training rows refused (schema 6)")
+    assert err[-1].startswith("memcl: error: nothing was learned: 6 of 6 training rows refused (feature_dim 6)")
     assert "dead_letters" in err[-1]
 
 

@@ -5,6 +5,7 @@ import pyarrow as pa
 import pytest
 
 from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.gate import gate
 from memcl_ops.data.sources import ArrowDirStream, DriftSpec, DriftStream
 
 
@@ -101,7 +102,7 @@ def test_arrow_folder_rebatches_files_and_takes_numpy_feature_lists(tmp_path):
     stream = ArrowDirStream(tmp_path, "features", feature_dim=3, batch_size=4)
     info = stream.describe()
     assert info.visit_batches == [3] and info.num_samples == 10 and info.extra["class_names"] == ["no", "yes"]
-    batches = [stream.train_batch(0, i) for i in range(3)]
+    batches = [gate(stream.train_batch(0, i), S.Contract(feature_dim=3))[0] for i in range(3)]  # the gate casts
     assert [b.num_rows for b in batches] == [4, 4, 2]
     assert batches[0].schema.field(S.FEATURES).type == pa.list_(pa.float32(), 3)
     np.testing.assert_array_equal(np.concatenate([S.features_to_numpy(b) for b in batches]), feats)
