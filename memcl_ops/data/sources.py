@@ -152,17 +152,20 @@ CLASS_NAMES_FILE = "classes.txt"  # or a sidecar in the folder: one name per lin
 
 
 def _read_table(path: Path) -> pa.Table:
-    """One Parquet or Arrow IPC (file or stream format) file; an unreadable one becomes a one-row error table that
-    the gate dead-letters."""
+    """One Parquet or Arrow IPC (file or stream format) file; an unreadable one (truncated, not Arrow at all) becomes
+    a one-row table naming the file and the reader's error, which the gate refuses as one dead letter (`unreadable`)."""
     try:
         if path.suffix == ".parquet":
             return pq.read_table(path)
         try:
             return pa.ipc.open_file(path).read_all()
-        except pa.ArrowInvalid:
-            return pa.ipc.open_stream(path.read_bytes()).read_all()
-    except (pa.ArrowInvalid, OSError) as err:
-        return pa.table({"unreadable_file": [str(path)], "error": [str(err)]})
+        except pa.ArrowInvalid as as_file:
+            try:
+                return pa.ipc.open_stream(path.read_bytes()).read_all()
+            except pa.ArrowInvalid as as_stream:
+                raise pa.ArrowInvalid(f"neither an Arrow IPC file ({as_file}) nor stream ({as_stream})") from None
+    except (pa.ArrowException, OSError) as err:
+        return pa.table({S.UNREADABLE_FILE: [str(path)], "error": [str(err)]})
 
 
 def _first_task(table: pa.Table) -> int | None:

@@ -116,3 +116,30 @@ def test_arrow_folder_leaves_features_of_another_width_to_the_gate(tmp_path):
     _write(tmp_path / "train" / "a.arrow", wide.to_batches()[0])
     out = ArrowDirStream(tmp_path, "features", feature_dim=3).train_batch(0, 0)
     assert out.schema.field(S.FEATURES).type == pa.list_(pa.float64(), 5)  # unchanged: the gate refuses it
+
+
+def test_an_unreadable_file_is_one_dead_letter_naming_it_and_the_readers_error(tmp_path):
+    import pyarrow.parquet as pq
+
+    from memcl_ops.data.sources import SourceSpec
+    from memcl_ops.data.streams import StreamSpec
+    from memcl_ops.roles.stream_source import StreamSource
+
+    (tmp_path / "train").mkdir()
+    good = pa.Table.from_batches([S.feature_batch(np.arange(6), np.ones((6, 2)), np.zeros(6, int), np.zeros(6, int))])
+    pq.write_table(good, tmp_path / "train" / "a.parquet")
+    whole = (tmp_path / "train" / "a.parquet").read_bytes()
+    (tmp_path / "train" / "b.parquet").write_bytes(whole[:len(whole) // 2])  # truncated: no footer
+    (tmp_path / "train" / "c.arrow").write_bytes(bytes(range(256)) * 3)
+    pq.write_table(good.set_column(0, S.SAMPLE_ID, pa.array(np.arange(6, 12))), tmp_path / "train" / "d.parquet")
+    source = StreamSource(SourceSpec(dataset=f"arrow:{tmp_path}", feature_dim=2), StreamSpec(batch_size=4), None)
+    info = source.describe()
+    outcomes = [source.train_batch(0, i) for i in range(info.visit_batches[0])]
+    learned = [i for good_rows, _ in outcomes if good_rows is not None for i in S.sample_ids_to_numpy(good_rows)]
+    assert learned == list(range(12))
+    dead = pa.concat_tables([letters for _, letters in outcomes])
+    assert dead.column("origin").to_pylist() == ["train/b.parquet", "train/c.arrow"]
+    assert dead.column("reason").to_pylist() == ["unreadable"] * 2 and dead.column(S.SAMPLE_ID).null_count == 2
+    truncated, garbage = dead.column("message").to_pylist()
+    assert "b.parquet" in truncated and "Parquet magic bytes not found" in truncated
+    assert "c.arrow" in garbage and "neither an Arrow IPC file" in garbage
