@@ -439,23 +439,29 @@ def check(batch: pa.RecordBatch, contract: Contract) -> list[Refusal]:
     return refusals
 
 
-def _conform_integers(batch: pa.RecordBatch, name: str, target: pa.DataType) -> tuple[pa.Array, list[Refusal]]:
-    """An integer or float column as `target`, row by row: a value that is no integer, or that `target` cannot
-    hold, is refused (its place left null); NaN counts as null."""
-    column = batch.column(name)
+def integers(column: pa.Array | pa.ChunkedArray, target: pa.DataType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An integer or float column's values in `target`'s numpy type, row by row: (values, the null rows (NaN counts as
+    null), the rows whose value is no integer or does not fit `target`); the values of those rows are 0."""
     nulls = column.is_null().to_numpy(zero_copy_only=False)
     raw = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
-    if pa.types.is_floating(column.type):
+    info = np.iinfo(target.to_pandas_dtype())
+    if raw.dtype.kind == "f":
         nan = np.isnan(raw)
         nulls, raw = nulls | nan, np.where(nan, 0.0, raw)
-    info = np.iinfo(target.to_pandas_dtype())
-    with np.errstate(invalid="ignore"):
-        fits = (raw >= info.min) & (raw <= info.max) & (np.floor(raw) == raw if raw.dtype.kind == "f" else True)
+        fits = (raw >= info.min) & (raw < -float(info.min)) & (np.floor(raw) == raw)  # -min: 2^(bits-1), exact
+    else:
+        fits = (raw >= info.min) & (raw <= info.max)
     bad = ~fits & ~nulls
-    array = pa.array(np.where(fits, raw, 0).astype(info.dtype), type=target, mask=nulls | bad)
-    examples = sorted(set(raw[bad].tolist()))[:5]
-    return array, _refusal(batch, bad, f"{len(np.flatnonzero(bad))} value(s) such as {examples} are not {target}",
-                           name, "schema")
+    return np.where(fits, raw, 0).astype(info.dtype), nulls, bad
+
+
+def _conform_integers(batch: pa.RecordBatch, name: str, target: pa.DataType) -> tuple[pa.Array, list[Refusal]]:
+    """An integer or float column as `target`, row by row (`integers`): a value that is no integer, or that `target`
+    cannot hold, is refused (its place left null)."""
+    values, nulls, bad = integers(batch.column(name), target)
+    examples = sorted(set(batch.column(name).filter(pa.array(bad)).to_pylist()))[:5]
+    return pa.array(values, type=target, mask=nulls | bad), _refusal(
+        batch, bad, f"{len(np.flatnonzero(bad))} value(s) such as {examples} are not {target}", name, "schema")
 
 
 def _conform_features(batch: pa.RecordBatch, dim: int) -> tuple[pa.Array, list[Refusal]]:

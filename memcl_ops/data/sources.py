@@ -70,6 +70,10 @@ class Stream(Protocol):
     # it the batch starts at); `key` is the visit of a "train" batch, the task of a "test" one
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]: ...
 
+    # the rows of a batch refused because an earlier row of its split had their sample_id (only an `arrow:` folder
+    # can repeat one: the other streams number their rows)
+    def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]: ...
+
 
 def _fingerprint(arrays: list[np.ndarray]) -> str:
     h = hashlib.sha256()
@@ -131,6 +135,9 @@ class DatasetStream:
 
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
         return f"{self.dataset.name} {split}", 0  # rows are drawn across the dataset; sample_id is the dataset row
+
+    def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]:
+        return []
 
     def _emit(self, split: str, ids: np.ndarray, rows: np.ndarray, tasks: np.ndarray | None) -> pa.RecordBatch:
         _, y = self.dataset.split(split)
@@ -219,23 +226,23 @@ class ArrowDirStream:
         self.num_rows = 0
         self.class_names = self._sidecar_names()
         self.task_labels: dict[int, set[int]] = {}  # the labels each task's rows carry (for tables and plots)
-        awaiting: dict[int, tuple[Path, int]] = {}  # unlabelled training rows so far, by sample_id: where they are
         self.settles: dict[Path, list[tuple[Path, int] | None]] = {}  # per label file, per row: the row it labels
         self.late_labels: list[int] = []  # the sample ids the label files settle, in stream order
+        order: list[tuple[Path, list[int] | None, list[tuple[int, int]]]] = []  # label file ids, or unlabelled rows
+        ids: list[tuple[Path, pa.ChunkedArray]] = []  # the sample ids of each data file, in stream order
         for path in self.train_files:
             table = self._table(path)
             self.num_rows += table.num_rows
             if self._label_file(table):
-                ids = table.column(S.SAMPLE_ID).to_pylist()
-                self.settles[path] = [awaiting.pop(i, None) for i in ids]
-                self.late_labels += [i for i, origin in zip(ids, self.settles[path], strict=True) if origin is not None]
+                order.append((path, table.column(S.SAMPLE_ID).to_pylist(), []))
                 if not self.visits:
                     self.visits.append(0)
                     self.visit_slices.append([])
                 self.visit_slices[-1] += self._slices(path, table.num_rows)
                 self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
                 continue
-            awaiting.update(_unlabelled_rows(path, table))
+            order.append((path, None, _unlabelled_rows(table)))
+            ids.append((path, _sample_id_column(table)))
             self.class_names = self.class_names or _metadata_names(table.schema)
             task = _first_task(table)
             index = task_order.setdefault(task, len(task_order)) if task is not None else None
@@ -244,13 +251,30 @@ class ArrowDirStream:
                 self.visit_slices.append([])
             self.visit_slices[-1] += self._slices(path, table.num_rows)
             self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
+        # per file, its rows whose sample_id an earlier row of the split had, each with where that row is
+        self.repeats: dict[Path, dict[int, tuple[Path, int]]] = _repeats(ids)
+        self._settle(order)
         self.task_ids = sorted(task_order, key=task_order.get)
         self.tests: dict[int, list[Slice]] = {}
+        ids = []
         for path in self.test_files:
             table = self._table(path)
+            ids.append((path, _sample_id_column(table)))
             task = _first_task(table)
             if task is not None and task in task_order:
                 self.tests.setdefault(task_order[task], []).extend(self._slices(path, table.num_rows))
+        self.repeats.update(_repeats(ids))
+
+    def _settle(self, order: list[tuple[Path, list[int] | None, list[tuple[int, int]]]]) -> None:
+        """Which earlier unlabelled row each label file's row labels (a repeated row is never one of them)."""
+        awaiting: dict[int, tuple[Path, int]] = {}  # unlabelled training rows so far, by sample_id: where they are
+        for path, labelled, unlabelled in order:
+            if labelled is None:
+                skip = self.repeats.get(path, {})
+                awaiting.update({i: (path, row) for i, row in unlabelled if row not in skip})
+                continue
+            self.settles[path] = [awaiting.pop(i, None) for i in labelled]
+            self.late_labels += [i for i, where in zip(labelled, self.settles[path], strict=True) if where is not None]
 
     def _slices(self, path: Path, rows: int) -> list[Slice]:
         # an empty file still yields one (empty) batch, so every file of the folder is accounted for
@@ -330,27 +354,74 @@ class ArrowDirStream:
     def visit_tasks(self, visit: int) -> list[int]:
         return [self.visits[visit]]
 
+    def _piece(self, split: str, key: int, index: int) -> Slice:
+        return self.visit_slices[key][index] if split == "train" else self.tests[key][index]
+
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
-        piece = self.visit_slices[key][index] if split == "train" else self.tests[key][index]
+        piece = self._piece(split, key, index)
         return str(piece.path.relative_to(self.root)), piece.offset
 
+    def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]:
+        """The rows of a batch whose sample_id an earlier row of its split already had, refused as `duplicate`: the
+        first row with a sample_id holds it, whatever becomes of it (a label file's rows come again by design)."""
+        piece = self._piece(split, key, index)
+        repeats = self.repeats.get(piece.path, {})
+        rows = np.array(sorted(r - piece.offset for r in repeats if piece.offset <= r < piece.offset + piece.length),
+                        np.int64)
+        if not len(rows):
+            return []
+        firsts = [repeats[int(r) + piece.offset] for r in rows]
+        shown = ", ".join(f"{p.relative_to(self.root)} row {r}" for p, r in firsts[:3])
+        ids = S.integers(self._table(piece.path).column(S.SAMPLE_ID), pa.int64())[0]
+        return [S.Refusal(S.BatchError(f"sample_id already used by an earlier {split} row ({shown}"
+                                       f"{', ...' if len(firsts) > 3 else ''})", column=S.SAMPLE_ID,
+                                       sample_ids=ids[rows + piece.offset].tolist(), reason="duplicate"), rows)]
 
-def _unlabelled_rows(path: Path, table: pa.Table) -> dict[int, tuple[Path, int]]:
-    """The rows of a train file whose label is null, by sample_id (a label file may settle them later)."""
+
+def _unlabelled_rows(table: pa.Table) -> list[tuple[int, int]]:
+    """(sample_id, row) of the rows of a train file whose label is null (a label file may settle them later)."""
     names = table.schema.names
     if S.SAMPLE_ID not in names or S.LABEL not in names:
-        return {}
+        return []
     nulls = np.flatnonzero(table.column(S.LABEL).is_null().to_numpy(zero_copy_only=False))
     ids = table.column(S.SAMPLE_ID).to_pylist()
-    return {ids[r]: (path, int(r)) for r in nulls if ids[r] is not None}
+    return [(ids[r], int(r)) for r in nulls if ids[r] is not None]
+
+
+def _sample_id_column(table: pa.Table) -> pa.ChunkedArray:
+    """A table's sample ids (all null where it has none of a kind the gate can cast)."""
+    idx = table.schema.get_field_index(S.SAMPLE_ID)
+    if idx < 0 or not (pa.types.is_integer(table.schema.field(idx).type)
+                       or pa.types.is_floating(table.schema.field(idx).type)):
+        return pa.chunked_array([pa.nulls(table.num_rows, pa.int64())])
+    return table.column(idx)
+
+
+def _repeats(files: list[tuple[Path, pa.ChunkedArray]]) -> dict[Path, dict[int, tuple[Path, int]]]:
+    """Per file, the rows whose sample_id an earlier row (in file, then row order) already had, each with the file
+    and row of the first: the rule that keeps a sample_id learned once (docs/guide.md, "duplicate")."""
+    if not files:
+        return {}
+    values, nulls, bad = zip(*(S.integers(column, pa.int64()) for _, column in files), strict=True)
+    where = np.repeat(np.arange(len(files)), [len(v) for v in values])
+    rows = np.concatenate([np.arange(len(v)) for v in values])
+    valid = np.flatnonzero(~np.concatenate(nulls) & ~np.concatenate(bad))
+    _, first, inverse = np.unique(np.concatenate(values)[valid], return_index=True, return_inverse=True)
+    out: dict[Path, dict[int, tuple[Path, int]]] = {}
+    for k in np.flatnonzero(first[inverse] != np.arange(len(valid))):
+        here, there = valid[k], valid[first[inverse[k]]]
+        out.setdefault(files[where[here]][0], {})[int(rows[here])] = (files[where[there]][0], int(rows[there]))
+    return out
 
 
 def _labels(table: pa.Table) -> list[int]:
-    """The distinct valid labels of a table (none if its label column is missing or not integer)."""
+    """The distinct valid labels of a table (none if its label column is missing or not of numbers)."""
     idx = table.schema.get_field_index(S.LABEL)
-    if idx < 0 or not pa.types.is_integer(table.schema.field(idx).type):
+    if idx < 0 or not (pa.types.is_integer(table.schema.field(idx).type)
+                       or pa.types.is_floating(table.schema.field(idx).type)):
         return []
-    return [v for v in pc.unique(pc.drop_null(table.column(idx))).to_pylist() if v >= 0]
+    values, nulls, bad = S.integers(table.column(idx), pa.int32())
+    return sorted({int(v) for v in values[~nulls & ~bad] if v >= 0})
 
 
 def _metadata_names(schema: pa.Schema) -> list[str] | None:
@@ -477,6 +548,9 @@ class DriftStream:
 
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
         return f"drift {split}", index * self.spec.batch_size
+
+    def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]:
+        return []
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ class StreamSource:
             return self._gated(self.stream.test_batch(task, index, after_visit), "test", task, index)
 
     def _gated(self, batch: pa.RecordBatch, split: str, key: int, index: int) -> tuple[pa.RecordBatch | None, pa.Table]:
-        good, dead = gate(batch, self.contract(split))
+        good, dead = gate(batch, self.contract(split), self.stream.repeated(split, key, index))
         return good, with_origin(dead, split, *self.stream.origin(split, key, index)) if dead.num_rows else dead
 
     def visit_tasks(self, visit: int) -> list[int]:
