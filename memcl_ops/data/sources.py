@@ -601,6 +601,7 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
         if source.payload == "features" and source.feature_dim is None:
             raise ValueError(f"data.feature_dim: {name} carries features (data.payload=features); set the width "
                              "the learner accepts, or data.payload=image / text for raw rows")
+        _check_first_file(files, source, Path(path))
     elif kind == "image-folder":
         if not Path(path).is_dir():
             raise ValueError(f"data.dataset: {path}: no such folder (an image-folder:<folder> stream needs "
@@ -616,6 +617,52 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
     else:
         raise ValueError(f"data.dataset: unknown dataset {name!r}; accepted: {', '.join(DATASETS)}, synthetic, "
                          "drift, arrow:<folder>, image-folder:<folder>")
+
+
+def _first_rows(path: Path) -> pa.Table:
+    """The first rows of a Parquet or Arrow IPC file (its first row group or record batch), as cheaply as it reads."""
+    if path.suffix == ".parquet":
+        parquet = pq.ParquetFile(path)
+        return parquet.read_row_group(0) if parquet.num_row_groups else parquet.schema_arrow.empty_table()
+    try:
+        reader = pa.ipc.open_file(path)
+        return pa.Table.from_batches([reader.get_batch(0)] if reader.num_record_batches else [], reader.schema)
+    except pa.ArrowInvalid:
+        with pa.ipc.open_stream(path) as stream:
+            return pa.Table.from_batches([stream.read_next_batch()])
+
+
+def _check_first_file(files: list[Path], source: SourceSpec, root: Path) -> None:
+    """The first data file the stream reads against data.payload and data.feature_dim: a file that carries another
+    payload, or features none of whose rows has the configured width, means the config is wrong (every row would be
+    refused), and says what to set. Unreadable files and label files are passed over (the gate refuses the first, the
+    second carry no payload); rows that break the contract in other ways are the gate's to refuse, row by row."""
+    for path in files:
+        try:
+            table = _first_rows(path)
+        except (pa.ArrowException, OSError, StopIteration):
+            continue
+        names, where = table.schema.names, path.relative_to(root)
+        if S.SAMPLE_ID in names and S.LABEL in names and not set(names) & {"image", "text", "features"}:
+            continue  # a label file
+        if source.payload not in names:
+            others = [c for c in ("image", "text", "features") if c in names]
+            if others:
+                raise ValueError(f"data.payload: {source.payload}, but {where} has no {source.payload} column; it "
+                                 f"carries {others[0]}: set data.payload={others[0]}")
+            return
+        if source.payload != "features" or not len(table):
+            return
+        column = table.column(S.FEATURES)
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+                or pa.types.is_fixed_size_list(column.type)):
+            return
+        widths = pc.drop_null(pc.list_value_length(column)).to_numpy(zero_copy_only=False)
+        if len(widths) and not (widths == source.feature_dim).any():
+            common = int(np.bincount(widths).argmax())
+            raise ValueError(f"data.feature_dim: {source.feature_dim}, but the features of {where} have {common} "
+                             f"values: set data.feature_dim={common}")
+        return
 
 
 def _check_split(num_classes: int, stream: StreamSpec, name: str) -> None:

@@ -160,3 +160,35 @@ def test_list(capsys, what, expected):
     assert set(expected) <= set(names)
     if what == "methods":
         assert names == list(METHODS)
+
+
+def test_check_reads_the_first_file_of_an_arrow_folder(tmp_path, capsys):
+    """A data.feature_dim or data.payload that the folder's first data file contradicts is one line naming the file
+    and the value to set, before Ray starts; a file no reader opens is passed over (the gate refuses it); and a
+    stream of features names no encoder, since none runs."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memcl.pipeline import cli
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "0-garbage.parquet").write_bytes(b"\x00" * 64)
+    pq.write_table(pa.table({"sample_id": np.arange(4), "task_id": pa.array([0] * 4, pa.int32()),
+                             "label": pa.array([0, 1, 0, 1], pa.int32()),
+                             "features": [[0.5] * (16 if i else 15) for i in range(4)]}),
+                   tmp_path / "train" / "1.parquet")
+
+    def check(*settings):
+        rc = cli.main(["run", "--check", "--set", f"data.dataset=arrow:{tmp_path}",
+                       *[a for s in settings for a in ("--set", s)]])
+        captured = capsys.readouterr()
+        return rc, (captured.out + captured.err).strip()
+
+    assert check("data.feature_dim=14") == (2, "memcl: error: data.feature_dim: 14, but the features of "
+                                               "train/1.parquet have 16 values: set data.feature_dim=16")
+    assert check("data.payload=text") == (2, "memcl: error: data.payload: text, but train/1.parquet has no text "
+                                             "column; it carries features: set data.payload=features")
+    for dim in (15, 16):  # a row of the configured width: the other rows are the gate's to refuse, one by one
+        assert check(f"data.feature_dim={dim}") == (0, f"memcl: the run can start: mars (features) on "
+                                                       f"arrow:{tmp_path}, features as given (no encoder)")
