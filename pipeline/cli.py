@@ -95,8 +95,9 @@ def _report(result, strict: bool = False) -> int:
         print(f"memcl: error: nothing was learned: {why}", file=sys.stderr)
         return 1
     if samples.refused or samples.refused_test:
+        split = "train" if samples.refused else "test"
         commonest = report.commonest_refusal(samples.refused_by_reason or samples.refused_test_by_reason,
-                                             result.run_dir)
+                                             result.run_dir, split)
         print(f"memcl: {'error' if strict else 'warning'}: {refusal_line(samples)}; {commonest}; the rows are in "
               f"{result.run_dir}/dead_letters/", file=sys.stderr)
         return 1 if strict else 0

@@ -231,15 +231,16 @@ def summary_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def commonest_refusal(by_reason: dict[str, int], run_dir: Path) -> str:
-    """The reason most rows were refused for, in words, with one of its dead letters' messages (what the gate found
-    in that row), e.g. "the commonest, feature_dim: the features do not have data.feature_dim values (column
-    'features': feature dim 16 != expected 15)"."""
+def commonest_refusal(by_reason: dict[str, int], run_dir: Path, split: str = "train") -> str:
+    """The reason most rows of `split` were refused for, in words, with one of its dead letters' messages (what the
+    gate found in that row), e.g. "the commonest, feature_dim: the features do not have data.feature_dim values
+    (column 'features': feature dim 16 != expected 15)"."""
     reason = max(by_reason, key=by_reason.__getitem__)
     folder, example = run_dir / "dead_letters", ""
     if folder.is_dir():
-        dead = pq.read_table(folder, columns=["reason", "message"])
-        found = dead.filter(pc.equal(dead.column("reason"), reason)).column("message")
+        dead = pq.read_table(folder, columns=["reason", "message", "split"])
+        found = dead.filter(pc.and_(pc.equal(dead.column("reason"), reason),
+                                    pc.equal(dead.column("split"), split))).column("message")
         if len(found):
             example = f" ({found[0].as_py().split('; sample_ids=')[0].removeprefix(f'[{reason}] ')})"
     return f"the commonest, {reason}: {REASONS.get(reason, reason)}{example}"
