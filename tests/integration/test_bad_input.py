@@ -1,5 +1,8 @@
 """Malformed batches thrown at the running pipeline: the run never crashes and never drops a row silently
-(every input row is learned, in the dead-letter files, or, without a label, in the predictions sink)."""
+(every input row is learned, in the dead-letter files, or, without a label, in the predictions sink); a bad row
+never takes the good rows beside it along."""
+
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -9,10 +12,10 @@ import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memcl.pipeline import runner
+from memcl.pipeline import cli, runner
 from memcl.pipeline.config import load_config
 from memcl_ops.arrow import schema as S
-from tests.malformed import DIM, LABELS, feature_batches
+from tests.malformed import DIM, LABELS, feature_batches, mixed_folder
 
 pytestmark = pytest.mark.ray
 
@@ -69,3 +72,41 @@ def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, 
     assert not learned_ids & dead_ids and not learned_ids & set(predicted.column(S.SAMPLE_ID).to_pylist())
     assert metrics["samples"]["refused"] == dead.num_rows
     assert sum(metrics["samples"]["refused_by_reason"].values()) == dead.num_rows
+
+
+def memcl_run(root, out, method, capsys):
+    """`memcl run` on an `arrow:` folder of 16-d features (its files one batch each): (exit status, metrics.json,
+    dead letters as (split, file, row, reason), the closing line)."""
+    rc = cli.main(["run", "--set", f"data.dataset=arrow:{root}", "--set", "data.payload=features",
+                   "--set", "data.feature_dim=16", "--set", f"method.name={method}", "--set", "stream.batch_size=64",
+                   "--set", "method.router.initial_slots=2", "--set", "method.stage1.optim.epochs=1",
+                   "--set", "method.stage2.optim.epochs=2", "--set", "runtime.progress=false",
+                   "--set", "runtime.actor_threads=1", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    run_dir = next(out.iterdir())
+    dead_dir = run_dir / "dead_letters"
+    dead = pq.read_table(dead_dir).to_pylist() if dead_dir.exists() else []
+    letters = sorted((d["split"], d["origin"], d["position"], d["reason"]) for d in dead)
+    return rc, json.loads((run_dir / "metrics.json").read_text()), letters, err[-1] if err else ""
+
+
+@pytest.mark.parametrize("method", ["analytic", "mars"])
+def test_bad_rows_never_take_good_rows_with_them(ray_session, tmp_path, capsys, method):
+    """A folder mixing good rows with one of every fault (features of 1e8 and 1e30, NaN and Inf, a null sample_id,
+    rows of 15 and 17 values, sample ids that came before with other labels, a truncated Parquet file, a file of
+    garbage bytes, and a NaN and a repeated id among the test rows): the run ends, every good row is learned once,
+    every broken row is a dead letter with its own reason, and the accuracy matrix is the one of the same folder
+    without the broken rows."""
+    expected = mixed_folder(tmp_path / "mixed", broken=True)
+    mixed_folder(tmp_path / "clean", broken=False)
+    rc, broken, letters, closing = memcl_run(tmp_path / "mixed", tmp_path / "runs-mixed", method, capsys)
+    assert rc == 0 and letters == expected
+    clean_rc, clean, none, _ = memcl_run(tmp_path / "clean", tmp_path / "runs-clean", method, capsys)
+    assert clean_rc == 0 and not none
+    np.testing.assert_array_equal(broken["acc_matrix"], clean["acc_matrix"])
+    assert 0.3 < broken["summary"]["a_last"] < 1  # classes that overlap: a row learned wrongly would show
+    good = clean["samples"]["stream"]
+    assert broken["samples"]["learned"] == broken["samples"]["unique_learned"] == clean["samples"]["learned"] == good
+    train_refused = sum(1 for split, *_ in expected if split == "train")
+    assert broken["samples"]["stream"] == good + train_refused and broken["samples"]["refused"] == train_refused
+    assert closing.startswith(f"memcl: warning: {train_refused} of {good + train_refused} training rows refused")
