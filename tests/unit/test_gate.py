@@ -1,5 +1,7 @@
 """The boundary gate never crashes and never drops a row silently."""
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -125,3 +127,13 @@ def test_features_beyond_the_bound_are_refused_naming_it():
     assert "L1 norm 36 is beyond the bound 18 (a test's)" in dead.column("message")[1].as_py()
     assert gate(S.feature_batch(np.arange(4), feats, np.zeros(4, int)),
                 S.Contract(feature_dim=DIM, feature_bound=None))[0].num_rows == 4  # no bound: any finite value
+
+
+def test_every_refusal_reason_is_in_the_guide():
+    """docs/guide.md's table of reasons (its first column) names every reason the gate gives."""
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guide.md").read_text()
+    table = guide.split("| reason |", 1)[1].split("\n\n", 1)[0]
+    documented = {name for line in table.splitlines() for name in re.findall(r"`(\w+)`", line.split(" | ")[0])}
+    assert set(S.REASONS) <= documented, set(S.REASONS) - documented
