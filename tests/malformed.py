@@ -58,7 +58,7 @@ def mixed_folder(root, *, broken: bool, dim: int = 16, rows: int = 40, seed: int
     """A user's `arrow:` folder of two tasks of 16-d features (Parquet, a variable-size list column as pandas writes
     it). With `broken`, every fault of ROW_FAULTS sits between good rows of each task's train file, task 1's file
     also repeats five of task 0's sample ids with other labels, a truncated Parquet file and a file of garbage bytes
-    lie among them, and a test file holds a NaN row and a repeated id; without, the same folder minus all of that.
+    lie among them, and a test file holds a NaN row; without, the same folder minus all of that.
     Returns the (split, file, row, reason) each broken row must be refused with."""
     rng = np.random.default_rng(seed)
     means = rng.normal(scale=0.5, size=(4, dim))  # classes that overlap: accuracy that a wrong row would move
@@ -92,8 +92,7 @@ def mixed_folder(root, *, broken: bool, dim: int = 16, rows: int = 40, seed: int
     write("train", "0-task0.parquet", train0, faults0)
     write("train", "2-task1.parquet", train1, faults1 + repeats)
     write("test", "task0.parquet", good_rows(0, rows // 2, 0),
-          [(1, {**good_rows(0, 1, 900)[0], S.FEATURES: [float("nan")] * dim}, "non_finite"),
-           (5, good_rows(0, 1, 3)[0], "duplicate")])
+          [(1, {**good_rows(0, 1, 900)[0], S.FEATURES: [float("nan")] * dim}, "non_finite")])
     write("test", "task1.parquet", good_rows(1, rows // 2, 1000), [])
     if broken:
         whole = (root / "train" / "0-task0.parquet").read_bytes()

@@ -287,9 +287,7 @@ class BatchError(ValueError):
         super().__init__(f"[{reason}]{where} {message}; sample_ids={shown}{more}")
 
 
-# every method takes features up to this magnitude: 2^(26 - 16), what the analytic heads' fixed point squares exactly
-# at their default fraction_bits (ridge.py); far beyond a frozen encoder's output, so a row above it is broken data
-FEATURE_BOUND = 2.0**10
+FEATURE_BOUND = 2.0**10  # |feature| every method takes: what the analytic heads square exactly at fraction_bits 16
 
 
 @dataclass(frozen=True)
@@ -308,11 +306,11 @@ REASONS = {
     "null": "a null where the contract needs a value (sample_id, features, a text)",
     "feature_dim": "the features do not have data.feature_dim values",
     "non_finite": "NaN or Inf in the features",
-    "magnitude": "a feature beyond the bound every method can take",
+    "magnitude": "a feature beyond the bound the method takes",
     "missing_label": "no label where one is needed (test rows; methods that cannot predict unlabelled rows)",
     "negative_label": "a label below 0",
     "unknown_label": "a label outside data.labels",
-    "duplicate": "a sample_id an earlier row of the same split already used",
+    "duplicate": "a sample_id an earlier training row already used",
     "unreadable": "a file that cannot be read as Parquet or Arrow IPC",
     "undecodable": "a raw payload that cannot be decoded (image size, UTF-8)",
     "empty": "an empty batch",

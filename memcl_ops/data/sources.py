@@ -70,8 +70,7 @@ class Stream(Protocol):
     # it the batch starts at); `key` is the visit of a "train" batch, the task of a "test" one
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]: ...
 
-    # the rows of a batch refused because an earlier row of its split had their sample_id (only an `arrow:` folder
-    # can repeat one: the other streams number their rows)
+    # rows of a training batch whose sample_id an earlier training row had (only an `arrow:` folder repeats one)
     def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]: ...
 
 
@@ -251,19 +250,16 @@ class ArrowDirStream:
                 self.visit_slices.append([])
             self.visit_slices[-1] += self._slices(path, table.num_rows)
             self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
-        # per file, its rows whose sample_id an earlier row of the split had, each with where that row is
+        # per train file, its rows whose sample_id an earlier training row had, each with where that row is
         self.repeats: dict[Path, dict[int, tuple[Path, int]]] = _repeats(ids)
         self._settle(order)
         self.task_ids = sorted(task_order, key=task_order.get)
         self.tests: dict[int, list[Slice]] = {}
-        ids = []
         for path in self.test_files:
             table = self._table(path)
-            ids.append((path, _sample_id_column(table)))
             task = _first_task(table)
             if task is not None and task in task_order:
                 self.tests.setdefault(task_order[task], []).extend(self._slices(path, table.num_rows))
-        self.repeats.update(_repeats(ids))
 
     def _settle(self, order: list[tuple[Path, list[int] | None, list[tuple[int, int]]]]) -> None:
         """Which earlier unlabelled row each label file's row labels (a repeated row is never one of them)."""
@@ -362,8 +358,11 @@ class ArrowDirStream:
         return str(piece.path.relative_to(self.root)), piece.offset
 
     def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]:
-        """The rows of a batch whose sample_id an earlier row of its split already had, refused as `duplicate`: the
-        first row with a sample_id holds it, whatever becomes of it (a label file's rows come again by design)."""
+        """The rows of a training batch whose sample_id an earlier training row already had, refused as `duplicate`:
+        the first row with a sample_id holds it, whatever becomes of it (a label file's rows come again by design).
+        Test rows are evaluated, never learned: their ids may repeat (each task's test file numbered from 0)."""
+        if split != "train":
+            return []
         piece = self._piece(split, key, index)
         repeats = self.repeats.get(piece.path, {})
         rows = np.array(sorted(r - piece.offset for r in repeats if piece.offset <= r < piece.offset + piece.length),
@@ -373,7 +372,7 @@ class ArrowDirStream:
         firsts = [repeats[int(r) + piece.offset] for r in rows]
         shown = ", ".join(f"{p.relative_to(self.root)} row {r}" for p, r in firsts[:3])
         ids = S.integers(self._table(piece.path).column(S.SAMPLE_ID), pa.int64())[0]
-        return [S.Refusal(S.BatchError(f"sample_id already used by an earlier {split} row ({shown}"
+        return [S.Refusal(S.BatchError(f"sample_id already used by an earlier training row ({shown}"
                                        f"{', ...' if len(firsts) > 3 else ''})", column=S.SAMPLE_ID,
                                        sample_ids=ids[rows + piece.offset].tolist(), reason="duplicate"), rows)]
 
@@ -399,7 +398,7 @@ def _sample_id_column(table: pa.Table) -> pa.ChunkedArray:
 
 def _repeats(files: list[tuple[Path, pa.ChunkedArray]]) -> dict[Path, dict[int, tuple[Path, int]]]:
     """Per file, the rows whose sample_id an earlier row (in file, then row order) already had, each with the file
-    and row of the first: the rule that keeps a sample_id learned once (docs/guide.md, "duplicate")."""
+    and row of the first: the rule that keeps a sample_id learned once (docs/guide.md, "The duplicate rule")."""
     if not files:
         return {}
     values, nulls, bad = zip(*(S.integers(column, pa.int64()) for _, column in files), strict=True)
@@ -601,7 +600,7 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
         if source.payload == "features" and source.feature_dim is None:
             raise ValueError(f"data.feature_dim: {name} carries features (data.payload=features); set the width "
                              "the learner accepts, or data.payload=image / text for raw rows")
-        _check_first_file(files, source, Path(path))
+        _check_first_files(files, source, Path(path))
     elif kind == "image-folder":
         if not Path(path).is_dir():
             raise ValueError(f"data.dataset: {path}: no such folder (an image-folder:<folder> stream needs "
@@ -632,37 +631,52 @@ def _first_rows(path: Path) -> pa.Table:
             return pa.Table.from_batches([stream.read_next_batch()])
 
 
-def _check_first_file(files: list[Path], source: SourceSpec, root: Path) -> None:
-    """The first data file the stream reads against data.payload and data.feature_dim: a file that carries another
-    payload, or features none of whose rows has the configured width, means the config is wrong (every row would be
-    refused), and says what to set. Unreadable files and label files are passed over (the gate refuses the first, the
-    second carry no payload); rows that break the contract in other ways are the gate's to refuse, row by row."""
+def _feature_width(table: pa.Table, dim: int) -> int | None:
+    """The commonest width of a table's features when none of its rows has `dim` values (None: one has, or the column
+    holds no lists of numbers to tell)."""
+    column = table.column(S.FEATURES)
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+            or pa.types.is_fixed_size_list(column.type)):
+        return None
+    widths = pc.drop_null(pc.list_value_length(column)).to_numpy(zero_copy_only=False)
+    return int(np.bincount(widths).argmax()) if len(widths) and not (widths == dim).any() else None
+
+
+PREFLIGHT_FILES = 8  # the data files `check_source` reads the first rows of, at most
+
+
+def _check_first_files(files: list[Path], source: SourceSpec, root: Path) -> None:
+    """The folder's first data files against data.payload and data.feature_dim: when none of them carries the payload
+    but one carries another, or none has a feature row of the configured width, the config is wrong (every row would
+    be refused), and one line says what to set. Unreadable files, label files and empty ones tell nothing and are
+    passed over; rows that break the contract in other ways are the gate's to refuse, row by row."""
+    other: tuple[Path, str] | None = None  # the first file carrying another payload, and that payload
+    wide: tuple[Path, int] | None = None  # the first file whose features all have another width, and the commonest
+    read = 0
     for path in files:
         try:
             table = _first_rows(path)
         except (pa.ArrowException, OSError, StopIteration):
             continue
         names, where = table.schema.names, path.relative_to(root)
-        if S.SAMPLE_ID in names and S.LABEL in names and not set(names) & {"image", "text", "features"}:
-            continue  # a label file
+        carried = [c for c in ("image", "text", "features") if c in names]
+        if not len(table) or (not carried and {S.SAMPLE_ID, S.LABEL} <= set(names)):
+            continue  # an empty file, or a label file
+        read += 1
         if source.payload not in names:
-            others = [c for c in ("image", "text", "features") if c in names]
-            if others:
-                raise ValueError(f"data.payload: {source.payload}, but {where} has no {source.payload} column; it "
-                                 f"carries {others[0]}: set data.payload={others[0]}")
+            other = other or ((where, carried[0]) if carried else None)
+        elif source.payload != "features" or (width := _feature_width(table, source.feature_dim)) is None:
             return
-        if source.payload != "features" or not len(table):
-            return
-        column = table.column(S.FEATURES)
-        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
-                or pa.types.is_fixed_size_list(column.type)):
-            return
-        widths = pc.drop_null(pc.list_value_length(column)).to_numpy(zero_copy_only=False)
-        if len(widths) and not (widths == source.feature_dim).any():
-            common = int(np.bincount(widths).argmax())
-            raise ValueError(f"data.feature_dim: {source.feature_dim}, but the features of {where} have {common} "
-                             f"values: set data.feature_dim={common}")
-        return
+        else:
+            wide = wide or (where, width)
+        if read == PREFLIGHT_FILES:
+            break
+    if wide is not None:
+        raise ValueError(f"data.feature_dim: {source.feature_dim}, but the features of {wide[0]} have {wide[1]} "
+                         f"values: set data.feature_dim={wide[1]}")
+    if other is not None:
+        raise ValueError(f"data.payload: {source.payload}, but {other[0]} has no {source.payload} column; it carries "
+                         f"{other[1]}: set data.payload={other[1]}")
 
 
 def _check_split(num_classes: int, stream: StreamSpec, name: str) -> None:

@@ -99,7 +99,7 @@ def memcl_run(root, out, method, capsys):
 def test_bad_rows_never_take_good_rows_with_them(ray_session, tmp_path, capsys, method):
     """A folder mixing good rows with one of every fault (features of 1e8 and 1e30, NaN and Inf, a null sample_id,
     rows of 15 and 17 values, sample ids that came before with other labels, a truncated Parquet file, a file of
-    garbage bytes, and a NaN and a repeated id among the test rows): the run ends, every good row is learned once,
+    garbage bytes, and a NaN among the test rows): the run ends, every good row is learned once,
     every broken row is a dead letter with its own reason, and the accuracy matrix is the one of the same folder
     without the broken rows. Resumed after its first round, the run refuses the same repeats: the first rows with
     those ids were streamed before the resume."""

@@ -147,7 +147,8 @@ def test_an_unreadable_file_is_one_dead_letter_naming_it_and_the_readers_error(t
 
 def test_a_repeated_sample_id_is_refused_as_duplicate_and_the_first_row_keeps_it(tmp_path):
     """Rows already streamed come again with other labels: each is refused as `duplicate` naming where the first
-    was; an unlabelled row's late label settles the first row, not its repeat; test ids are their own namespace."""
+    was; an unlabelled row's late label settles the first row, not its repeat; test rows, never learned, keep
+    theirs (the same ids as training rows, or twice)."""
     import pyarrow.parquet as pq
 
     from memcl_ops.data.sources import SourceSpec
@@ -179,8 +180,7 @@ def test_a_repeated_sample_id_is_refused_as_duplicate_and_the_first_row_keeps_it
         "duplicate"}
     assert dead.column("position").to_pylist() == [0, 1, 2, 4]  # rows of b.parquet
     messages = dead.column("message").to_pylist()
-    assert "earlier train row (train/a.parquet row 3, train/a.parquet row 4, train/a.parquet row 6)" in messages[0]
-    assert "earlier train row (train/b.parquet row 3)" in messages[3]
+    assert "earlier training row (train/a.parquet row 3, train/a.parquet row 4, train/a.parquet row 6)" in messages[0]
+    assert "earlier training row (train/b.parquet row 3)" in messages[3]
     good, test_dead = source.test_batch(0, 0, 0)
-    assert S.sample_ids_to_numpy(good).tolist() == [0, 1, 2]  # the same ids as training rows: another namespace
-    assert test_dead.column("reason").to_pylist() == ["duplicate"] and test_dead.column("position")[0].as_py() == 3
+    assert S.sample_ids_to_numpy(good).tolist() == [0, 1, 2, 0] and not test_dead.num_rows
