@@ -471,26 +471,30 @@ def _conform_features(batch: pa.RecordBatch, dim: int) -> tuple[pa.Array, list[R
     lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     values = column.flatten()  # the values of the non-null rows, in row order
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    null_values = np.concatenate([[0], np.cumsum(values.is_null().to_numpy(zero_copy_only=False))])
     wrong = ~nulls & (lengths != dim)
-    holed = ~nulls & ~wrong & (null_values[starts + lengths] > null_values[starts])
+    holed = np.zeros(n, bool)
+    if values.null_count:
+        null_values = np.concatenate([[0], np.cumsum(values.is_null().to_numpy(zero_copy_only=False))])
+        holed = ~nulls & ~wrong & (null_values[starts + lengths] > null_values[starts])
     take = ~nulls & ~wrong & ~holed
     flat = pc.fill_null(values, 0).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    matrix = np.zeros((n, dim), np.float64)
-    if take.any():
+    if take.all():  # every row dim long: the values are the matrix already, without a copy
+        matrix = flat.reshape(n, dim)
+    else:
+        matrix = np.zeros((n, dim), np.float64)
         matrix[take] = flat[starts[take][:, None] + np.arange(dim)[None, :]]
-    with np.errstate(invalid="ignore"):
-        size = np.where(np.isfinite(matrix), np.abs(matrix), 0.0).max(axis=1, initial=0.0)
-    huge = take & (size > np.finfo(np.float32).max)
+    with np.errstate(invalid="ignore", over="ignore"):
+        huge = take & (np.abs(matrix) > np.finfo(np.float32).max).any(axis=1) & np.isfinite(matrix).all(axis=1)
+        single = matrix.astype(np.float32)
     refused = nulls | wrong | holed | huge
-    matrix[refused] = 0.0
-    array = pa.FixedSizeListArray.from_arrays(pa.array(matrix.astype(np.float32).ravel()), dim,
-                                              mask=pa.array(refused))
+    single[refused] = 0.0
+    array = pa.FixedSizeListArray.from_arrays(pa.array(single.ravel()), dim, mask=pa.array(refused))
     found = sorted(set(lengths[wrong].tolist()))[:5]
+    largest = float(np.abs(matrix[huge]).max(initial=0.0))
     return array, (_refusal(batch, wrong, f"rows of {found} values, expected {dim}", FEATURES, "feature_dim")
                    + _refusal(batch, holed, "null values inside feature rows", FEATURES, "null")
-                   + _refusal(batch, huge, f"a feature of magnitude {size[huge].max(initial=0):.3g} does not fit "
-                              "float32", FEATURES, "magnitude"))
+                   + _refusal(batch, huge, f"a feature of magnitude {largest:.3g} does not fit float32", FEATURES,
+                              "magnitude"))
 
 
 def conform(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch, list[Refusal]]:
