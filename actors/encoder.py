@@ -24,6 +24,7 @@ class Encoder:
     def reset(self, spec: EncoderSpec, payload: str, threads: int) -> None:
         self.clock = StageClock(intervals=("encode",))  # when it encoded: did it overlap a consolidation?
         self.cache: ContentCache | None = None  # features by payload digest (`use_cache`)
+        self.bound: S.FeatureBound | None = None  # the feature values the stream's method takes (`use_bound`)
         if getattr(self, "args", None) == (spec, payload, threads):
             return  # same frozen encoder: keep the loaded weights
         torch.set_num_threads(threads)
@@ -41,11 +42,18 @@ class Encoder:
 
     @ray.method(num_returns=2)
     def encode(self, batch: pa.RecordBatch | None) -> tuple[pa.RecordBatch | None, pa.Table]:
-        """(feature batch, dead letters): rows whose features come out non-finite are refused here."""
+        """(feature batch, dead letters): rows whose features come out non-finite (or beyond `use_bound`'s bound) are
+        refused here."""
         with self.clock.time("encode"):
             if batch is None:  # every row was refused upstream
                 return None, empty_dead_letters()
-            return gate(encode_checked(self.encoder, batch, self.cache), S.Contract(feature_dim=self.encoder.dim))
+            return gate(encode_checked(self.encoder, batch, self.cache),
+                        S.Contract(feature_dim=self.encoder.dim, feature_bound=self.bound))
+
+    def use_bound(self, bound: S.FeatureBound) -> None:
+        """Refuse encoded rows beyond `bound` too, as the source refuses given features (rows encoded in-line, which
+        no source gate sees as features); filling the feature cache refuses only what is not finite."""
+        self.bound = bound
 
     def use_cache(self, root: str) -> None:
         """Look features up by payload digest in the content cache under `root` before encoding (in-line encoding of

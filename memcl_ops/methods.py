@@ -19,13 +19,14 @@ memcl_ops/baselines/). What a method is: `MethodSpec` (memcl_ops/spec.py); every
 from __future__ import annotations
 
 from memcl_ops.analytic import methods as analytic
+from memcl_ops.arrow.schema import FeatureBound
 from memcl_ops.baselines import methods as baselines
 from memcl_ops.learner import HeadLearner
 from memcl_ops.mars import methods as mars
 from memcl_ops.method_config import MethodConfig
 from memcl_ops.miita import methods as miita
 from memcl_ops.nsr import methods as nsr
-from memcl_ops.spec import HeadFactory, MethodSpec
+from memcl_ops.spec import BoundFactory, HeadFactory, MethodSpec
 
 
 def _by_name(specs: list[MethodSpec]) -> dict[str, MethodSpec]:
@@ -40,6 +41,7 @@ def _by_name(specs: list[MethodSpec]) -> dict[str, MethodSpec]:
 METHODS: dict[str, MethodSpec] = _by_name([*mars.METHODS, *analytic.METHODS, *baselines.FEATURE_METHODS,
                                           *nsr.METHODS, *baselines.LM_METHODS, *miita.METHODS])
 HEADS: dict[str, HeadFactory] = {**mars.HEADS, **analytic.HEADS, **baselines.HEADS}
+BOUNDS: dict[str, BoundFactory] = {**analytic.BOUNDS}  # heads that take less than every method's bound
 
 
 def family_methods(family: str) -> list[str]:
@@ -56,6 +58,15 @@ def method_spec(name: str) -> MethodSpec:
 
 def build_head(spec: MethodSpec, config: MethodConfig, feature_dim: int, seed: int) -> HeadLearner:
     return HEADS[spec.head](feature_dim, spec.resolve(config), seed)
+
+
+def feature_bound(config: MethodConfig, feature_dim: int, seed: int) -> FeatureBound:
+    """The features the method of `config` takes, which the gate enforces: every method's bound (FeatureBound()), or
+    its head's own where the head reads the features themselves (not a memory's h̃) and has one (BOUNDS)."""
+    spec = method_spec(config.name)
+    if spec.family != "features" or spec.memory or spec.head not in BOUNDS:
+        return FeatureBound()
+    return BOUNDS[spec.head](feature_dim, spec.resolve(config), seed)
 
 
 def lm_method(name: str) -> MethodSpec:

@@ -30,6 +30,8 @@ FAMILIES = ("features", "nsr", "lm")  # what runs where: a pipeline per family (
 
 # (feature_dim, the method's config, seed) -> its head (a `HeadLearner`, memcl_ops/learner.py)
 HeadFactory = Callable[[int, Any, int], Any]
+# (feature_dim, the method's config, seed) -> the features its head takes (a `FeatureBound`, memcl_ops/arrow/schema.py)
+BoundFactory = Callable[[int, Any, int], Any]
 
 
 @dataclass(frozen=True)

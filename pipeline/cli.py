@@ -50,8 +50,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from memcl.pipeline import preflight
 
         spec = preflight.check_run(preflight.with_absolute_paths(config))
+        given = preflight.payload_of(config) == "features"  # frozen features: no encoder runs
         print(f"memcl: the run can start: {spec.name} ({spec.family}) on {config.data.dataset}, "
-              f"encoder {config.encoder.spec.name}")
+              + ("features as given (no encoder)" if given else f"encoder {config.encoder.spec.name}"))
         return 0
     return _report(runner.run(config), strict=args.strict)
 
@@ -88,12 +89,16 @@ def _report(result, strict: bool = False) -> int:
             why = "the source streamed no rows"
         else:
             reasons = ", ".join(f"{r} {n}" for r, n in samples.refused_by_reason.items())
-            why = (f"{samples.refused} of {samples.stream} training rows refused ({reasons}); the rows are in "
+            why = (f"{samples.refused} of {samples.stream} training rows refused ({reasons}); "
+                   f"{report.commonest_refusal(samples.refused_by_reason, result.run_dir)}; the rows are in "
                    f"{result.run_dir}/dead_letters/")
         print(f"memcl: error: nothing was learned: {why}", file=sys.stderr)
         return 1
     if samples.refused or samples.refused_test:
-        print(f"memcl: {'error' if strict else 'warning'}: {refusal_line(samples)}; the rows are in "
+        split = "train" if samples.refused else "test"
+        commonest = report.commonest_refusal(samples.refused_by_reason or samples.refused_test_by_reason,
+                                             result.run_dir, split)
+        print(f"memcl: {'error' if strict else 'warning'}: {refusal_line(samples)}; {commonest}; the rows are in "
               f"{result.run_dir}/dead_letters/", file=sys.stderr)
         return 1 if strict else 0
     return 0

@@ -45,6 +45,7 @@ from memcl_ops.clock import overlap_seconds
 from memcl_ops.costs import consolidation_cost
 from memcl_ops.data.feature_cache import FeatureCache
 from memcl_ops.data.sources import StreamInfo
+from memcl_ops.methods import feature_bound
 from memcl_ops.realtime import StreamClock
 from memcl_ops.roles.features import FeatureFlow, role_plan
 from memcl_ops.rounds import RoundBatches, plan_rounds
@@ -112,9 +113,17 @@ class FeaturePipeline:
         self.cost = consolidation_cost(spec, config.method)
         self.chain: CompiledChain | None = None
         self.message_bytes: int | None = None
+        self._prepare_encoders()
+        self._compile()
+
+    def _prepare_encoders(self) -> None:
+        """In-line encoding: the encoders refuse rows beyond what the method takes, and look rows up in the content
+        cache."""
+        if self.inline:
+            bound = feature_bound(self.config.method, self.encoders.dim, self.config.seed)
+            ray.get([r.use_bound.remote(bound) for r in self.encoders.replicas])
         if self.content_cache:
             self.encoders.use_cache(self.content_cache)
-        self._compile()
 
     def plan(self) -> list[RoundBatches]:
         return plan_rounds(self.info, self.task_free, self.config.method.consolidate_every, self.config.runtime.anytime)
@@ -246,8 +255,7 @@ class FeaturePipeline:
         self.roles.revive()
         if self.encoders is not None:
             self.encoders.revive()
-            if self.content_cache:
-                self.encoders.use_cache(self.content_cache)
+            self._prepare_encoders()
         for split, (rows, feats) in self.features.items():
             self.x.get(self.x.call("source", "set_features", split, rows, feats))
         self.roles.restore(parts)

@@ -11,7 +11,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+from memcl_ops.arrow.schema import REASONS
 
 RUN_FILES = ("config.yaml", "metrics.json", "acc_matrix.csv", "acc_matrix.png", "acc_over_time.png", "slots.png")
 
@@ -241,3 +245,18 @@ def summary_table(metrics: dict) -> str:
     wall = metrics["wall_seconds"]
     lines.append("wall seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in wall.items()))
     return "\n".join(lines)
+
+
+def commonest_refusal(by_reason: dict[str, int], run_dir: Path, split: str = "train") -> str:
+    """The reason most rows of `split` were refused for, in words, with one of its dead letters' messages (what the
+    gate found in that row), e.g. "the commonest, feature_dim: the features do not have data.feature_dim values
+    (column 'features': feature dim 16 != expected 15)"."""
+    reason = max(by_reason, key=by_reason.__getitem__)
+    folder, example = run_dir / "dead_letters", ""
+    if folder.is_dir():
+        dead = pq.read_table(folder, columns=["reason", "message", "split"])
+        found = dead.filter(pc.and_(pc.equal(dead.column("reason"), reason),
+                                    pc.equal(dead.column("split"), split))).column("message")
+        if len(found):
+            example = f" ({found[0].as_py().split('; sample_ids=')[0].removeprefix(f'[{reason}] ')})"
+    return f"the commonest, {reason}: {REASONS.get(reason, reason)}{example}"

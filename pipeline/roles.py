@@ -270,6 +270,6 @@ def stream_source(config: RunConfig, actors: ActorCache) -> ray.actor.ActorHandl
     # the "features" family predicts unlabelled training rows (and learns the others); NSR refuses them
     unlabelled = method_spec(config.method.name).family == "features"
     return actors.get("source", StreamSource, rt.actor_options("source"), config.data,
-                      config.stream, rt.max_batch_rows, unlabelled)
+                      config.stream, rt.max_batch_rows, unlabelled, config.method, config.seed)
 
 

@@ -4,11 +4,16 @@ through the registry (memcl_ops/methods.py)."""
 
 from __future__ import annotations
 
-from memcl_ops.analytic.ridge import AnalyticLearner
-from memcl_ops.spec import HeadFactory, MethodSpec
+from memcl_ops.analytic.ridge import AnalyticLearner, FeatureMap
+from memcl_ops.spec import BoundFactory, HeadFactory, MethodSpec
 
 HEADS: dict[str, HeadFactory] = {
     "analytic": lambda dim, cfg, seed: AnalyticLearner(dim, cfg.analytic, seed, cfg.stage1.smooth_target),
+}
+
+# the features the head takes exactly: what its fixed point can square, and its expansion multiply, per row
+BOUNDS: dict[str, BoundFactory] = {
+    "analytic": lambda dim, cfg, seed: FeatureMap(dim, cfg.analytic, seed).input_bound(),
 }
 
 METHODS = [

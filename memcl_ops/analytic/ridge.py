@@ -50,10 +50,12 @@ from typing import Literal
 import numpy as np
 import torch
 
+from memcl_ops.arrow.schema import FEATURE_BOUND, FeatureBound
 from memcl_ops.learner import FeatureMemory
 from memcl_ops.tensors import best_class, layer_norm
 
 EXACT = 2.0**53  # float64 integers below this are exact, and so is every sum that stays below it
+SQUARABLE = 2.0**26  # a fixed-point value of at most this size squares below EXACT, with room for rounding
 INT64_HEADROOM = 2.0**62  # int64 sums are refused before any entry could reach this
 DECAY_UNIT = 2**16  # decay factors are multiples of 2^-16: p·entry stays inside int64 (see RidgeStatistics.decay)
 
@@ -199,6 +201,20 @@ class FeatureMap:
 
     def to_float(self, q: np.ndarray) -> np.ndarray:
         return q / self.unit
+
+    def input_bound(self) -> FeatureBound:
+        """The features every one of whose rows this map takes exactly (the gate refuses the rest): each value at
+        most 2^26 units of 2^-s, so its square stays below 2^53, and with the random expansion, a row's L1 norm
+        small enough that Rᵀh is exact and each expanded value squares below 2^53 too. Never above every method's
+        bound (FEATURE_BOUND)."""
+        s = self.config.fraction_bits
+        why = f"the analytic head's exact fixed point at analytic.fraction_bits = {s}"
+        if self.projection is None:
+            return FeatureBound(min(FEATURE_BOUND, SQUARABLE / self.unit), None, why + ": 2^(26 - fraction_bits)")
+        # |q| <= L1(h)·2^s + D/2 after rounding; |Rᵀq| <= L1(q)·max|R|; the expansion keeps that times `rescale`
+        largest = min((SQUARABLE - 1) / (self.projection_max * self.rescale), (EXACT - 1) / self.projection_max)
+        return FeatureBound(FEATURE_BOUND, (largest - self.input_dim / 2) / self.unit,
+                            why + " and its random expansion")
 
 
 def _exact_gram_chunks(q: np.ndarray) -> list[slice]:

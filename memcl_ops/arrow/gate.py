@@ -40,19 +40,18 @@ def _row_bytes(batch: pa.RecordBatch, position: int) -> bytes:
 
 
 def _sample_ids(batch: pa.RecordBatch, rows: np.ndarray) -> list[int | None]:
-    idx = batch.schema.get_field_index(S.SAMPLE_ID)
-    if idx < 0 or not pa.types.is_integer(batch.schema.field(idx).type):
-        return [None] * len(rows)
-    column = batch.column(idx)
-    return [column[int(r)].as_py() for r in rows]
+    ids = S.sample_ids_or_none(batch)
+    return [ids[int(r)] for r in rows]
 
 
-def dead_letters(batch: pa.RecordBatch, refusals: list[S.Refusal]) -> pa.Table:
-    """The dead-letter table of `refusals` (rows of `batch`)."""
+def dead_letters(batch: pa.RecordBatch, refusals: list[S.Refusal], ids: list[int | None] | None = None) -> pa.Table:
+    """The dead-letter table of `refusals` (rows of `batch`); `ids`: each row's sample_id where `batch`'s own column
+    does not say it as int64 (one a gate cast)."""
+    ids = S.sample_ids_or_none(batch) if ids is None else ids
     records: dict[str, list] = {f.name: [] for f in DEAD_LETTER_SCHEMA}
     for refusal in refusals:
         rows = refusal.rows
-        records[S.SAMPLE_ID] += _sample_ids(batch, rows)
+        records[S.SAMPLE_ID] += [ids[int(r)] for r in rows]
         records["position"] += [int(r) for r in rows]
         records["reason"] += [refusal.error.reason] * len(rows)
         records["column"] += [refusal.error.column] * len(rows)
@@ -108,10 +107,13 @@ def _payload_refusals(batch: pa.RecordBatch, payload: str) -> list[S.Refusal]:
                                    reason=reason), rows)]
 
 
-def gate(batch: pa.RecordBatch, contract: S.Contract) -> tuple[pa.RecordBatch | None, pa.Table]:
-    """(rows that pass, dead letters). Raw batches are checked for a decodable payload as well."""
-    refusals = S.check(batch, contract)
-    if contract.payload is not None and S.batch_problem(batch, contract) is None:
-        refusals += _payload_refusals(batch, contract.payload)
-    good, unique = S.split(batch, refusals)
-    return good, dead_letters(batch, unique)
+def gate(batch: pa.RecordBatch, contract: S.Contract, refused: list[S.Refusal] = ()
+         ) -> tuple[pa.RecordBatch | None, pa.Table]:
+    """(rows that pass, cast to the contract's types; dead letters, each row as it came). Each row is judged on its
+    own (`S.judge`); raw batches are checked for a decodable payload as well. `refused`: rows the caller refuses
+    besides (a stream's repeated sample ids), each kept under its own fault first."""
+    conformed, refusals = S.judge(batch, contract)
+    if contract.payload is not None and S.batch_problem(conformed, contract) is None:
+        refusals += _payload_refusals(conformed, contract.payload)
+    good, unique = S.split(conformed, [*refusals, *refused])
+    return good, dead_letters(batch, unique, S.sample_ids_or_none(conformed))

@@ -255,6 +255,14 @@ def sample_ids_to_numpy(batch: pa.RecordBatch) -> np.ndarray:
     return batch.column(SAMPLE_ID).to_numpy()
 
 
+def sample_ids_or_none(batch: pa.RecordBatch) -> list[int | None]:
+    """Each row's sample_id, None where it is null or the column is missing or not of integers."""
+    idx = batch.schema.get_field_index(SAMPLE_ID)
+    if idx < 0 or not pa.types.is_integer(batch.schema.field(idx).type):
+        return [None] * batch.num_rows
+    return batch.column(idx).to_pylist()
+
+
 def _ids(batch: pa.RecordBatch, rows: Iterable[int] | None = None) -> list[int]:
     if batch.schema.get_field_index(SAMPLE_ID) < 0:
         return []
@@ -272,10 +280,42 @@ class BatchError(ValueError):
         self.column = column
         self.sample_ids = list(sample_ids)
         self.reason = reason
+        self.detail = message
         shown = self.sample_ids[:10]
         more = f" (+{len(self.sample_ids) - 10} more)" if len(self.sample_ids) > 10 else ""
         where = f" column {column!r}:" if column else ""
         super().__init__(f"[{reason}]{where} {message}; sample_ids={shown}{more}")
+
+
+FEATURE_BOUND = 2.0**10  # |feature| every method takes: what the analytic heads square exactly at fraction_bits 16
+
+
+@dataclass(frozen=True)
+class FeatureBound:
+    """The largest features a learner takes: |x_i| <= `max_abs` for every value, and sum_i |x_i| <= `max_l1` per row
+    (None: no bound on the row); `why` says where the numbers come from (a refusal's message quotes it)."""
+
+    max_abs: float = FEATURE_BOUND
+    max_l1: float | None = None
+    why: str = "the bound of every method, docs/guide.md"
+
+
+# what each refusal reason means, in words (docs/guide.md lists them; the closing summary names the commonest)
+REASONS = {
+    "schema": "a column is missing or holds a type that does not convert to the contract's",
+    "null": "a null where the contract needs a value (sample_id, features, a text)",
+    "feature_dim": "the features do not have data.feature_dim values",
+    "non_finite": "NaN or Inf in the features",
+    "magnitude": "a feature beyond the bound the method takes",
+    "missing_label": "no label where one is needed (test rows; methods that cannot predict unlabelled rows)",
+    "negative_label": "a label below 0",
+    "unknown_label": "a label outside data.labels",
+    "duplicate": "a sample_id an earlier training row already used",
+    "unreadable": "a file that cannot be read as Parquet or Arrow IPC",
+    "undecodable": "a raw payload that cannot be decoded (image size, UTF-8)",
+    "empty": "an empty batch",
+    "oversized": "a batch above runtime.max_batch_rows",
+}
 
 
 @dataclass(frozen=True)
@@ -287,6 +327,7 @@ class Contract:
     known_labels: frozenset[int] | None = None  # labels outside this set are refused (None: any >= 0)
     max_rows: int | None = None  # oversized batches are refused
     require_labels: bool = False
+    feature_bound: FeatureBound | None = FeatureBound()  # features beyond it are refused (None: any finite value)
 
 
 @dataclass(frozen=True)
@@ -298,11 +339,16 @@ class Refusal:
 
 
 _EXPECTED_TYPES = {SAMPLE_ID: pa.int64(), TASK_ID: pa.int32(), LABEL: pa.int32()}
+UNREADABLE_FILE = "unreadable_file"  # the one column of the row a reader emits for a file it cannot read (and `error`)
 
 
 def batch_problem(batch: pa.RecordBatch, contract: Contract) -> BatchError | None:
-    """A violation that makes every row of `batch` unusable (schema, feature dim, empty, oversized), if any."""
+    """A violation that makes every row of `batch` unusable (an unreadable file, a missing column or one of another
+    kind of type, empty, oversized), if any."""
     ids = _ids(batch)
+    if batch.schema.get_field_index(UNREADABLE_FILE) >= 0 and batch.num_rows:
+        error = batch.column("error")[0].as_py() if "error" in batch.schema.names else "unreadable"
+        return BatchError(f"{batch.column(UNREADABLE_FILE)[0].as_py()}: {error}", reason="unreadable")
     for name, typ in _EXPECTED_TYPES.items():
         idx = batch.schema.get_field_index(name)
         if idx < 0:
@@ -310,8 +356,6 @@ def batch_problem(batch: pa.RecordBatch, contract: Contract) -> BatchError | Non
         if batch.schema.field(name).type != typ:
             return BatchError(f"wrong type {batch.schema.field(name).type}, expected {typ}", column=name,
                               sample_ids=ids, reason="schema")
-    if batch.column(SAMPLE_ID).null_count:
-        return BatchError("sample_id must not be null", column=SAMPLE_ID, sample_ids=ids, reason="schema")
     if batch.num_rows == 0:
         return BatchError("empty batch", reason="empty")
     if contract.max_rows is not None and batch.num_rows > contract.max_rows:
@@ -333,46 +377,157 @@ def batch_problem(batch: pa.RecordBatch, contract: Contract) -> BatchError | Non
     return None
 
 
+def _refusal(batch: pa.RecordBatch, mask: np.ndarray, message: str, column: str, reason: str) -> list[Refusal]:
+    """The rows of `mask` refused for one reason (none if the mask is empty)."""
+    rows = np.flatnonzero(mask)
+    if not len(rows):
+        return []
+    return [Refusal(BatchError(message, column=column, sample_ids=[i for i in _ids(batch, rows) if i is not None],
+                               reason=reason), rows)]
+
+
+def _feature_refusals(batch: pa.RecordBatch, contract: Contract) -> list[Refusal]:
+    """Feature rows that are null, hold NaN/Inf, or go beyond the contract's bound; each row judged on its own."""
+    col = batch.column(FEATURES)
+    dim = col.type.list_size
+    nulls = col.is_null().to_numpy(zero_copy_only=False)
+    values = col.values.slice(col.offset * dim, len(col) * dim)  # null rows included, so rows stay aligned
+    feats = values.to_numpy(zero_copy_only=values.null_count == 0).reshape(len(col), dim)
+    finite = np.isfinite(feats).all(axis=1) | nulls
+    out = _refusal(batch, nulls, "null feature rows", FEATURES, "null")
+    out += _refusal(batch, ~finite, "NaN/Inf in features", FEATURES, "non_finite")
+    bound = contract.feature_bound
+    if bound is not None:
+        size = np.abs(feats)
+        worst = np.where(finite & ~nulls, size.max(axis=1, initial=0.0), 0.0)
+        l1 = np.where(finite & ~nulls, size.sum(axis=1, dtype=np.float64), 0.0)
+        beyond = worst > bound.max_abs
+        if beyond.any():
+            out += _refusal(batch, beyond, f"a feature of magnitude {worst[beyond].max():.3g} is beyond the bound "
+                            f"{bound.max_abs:g} ({bound.why})", FEATURES, "magnitude")
+        if bound.max_l1 is not None and (over := (l1 > bound.max_l1) & ~beyond).any():
+            out += _refusal(batch, over, f"a feature row of L1 norm {l1[over].max():.3g} is beyond the bound "
+                            f"{bound.max_l1:.4g} ({bound.why})", FEATURES, "magnitude")
+    return out
+
+
 def check(batch: pa.RecordBatch, contract: Contract) -> list[Refusal]:
-    """Every contract violation in `batch`, grouped by reason, with the refused row indices."""
+    """Every contract violation in `batch`, grouped by reason, with the refused row indices: each row is judged on
+    its own, except for what no row of the batch can satisfy (`batch_problem`). Types must be the contract's
+    (`conform` casts a batch to them first)."""
     problem = batch_problem(batch, contract)
     if problem is not None:
         return [Refusal(problem, np.arange(batch.num_rows))]
-    refusals: list[Refusal] = []
+    refusals = _refusal(batch, batch.column(SAMPLE_ID).is_null().to_numpy(zero_copy_only=False),
+                        "null sample_id", SAMPLE_ID, "null")
     if contract.feature_dim is not None:
-        col = batch.column(FEATURES)
-        if col.null_count:
-            rows = np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))
-            refusals.append(Refusal(BatchError("null feature rows", column=FEATURES,
-                                               sample_ids=_ids(batch, rows), reason="null"), rows))
-        else:
-            feats = features_to_numpy(batch)
-            bad = ~np.isfinite(feats).all(axis=1)
-            if bad.any():
-                rows = np.flatnonzero(bad)
-                refusals.append(Refusal(BatchError("NaN/Inf in features", column=FEATURES,
-                                                   sample_ids=_ids(batch, rows), reason="non_finite"), rows))
+        refusals += _feature_refusals(batch, contract)
     labels = batch.column(LABEL)
-    if contract.require_labels and labels.null_count:
-        rows = np.flatnonzero(labels.is_null().to_numpy(zero_copy_only=False))
-        refusals.append(Refusal(BatchError("missing label", column=LABEL, sample_ids=_ids(batch, rows),
-                                           reason="missing_label"), rows))
+    missing = labels.is_null().to_numpy(zero_copy_only=False)
+    if contract.require_labels:
+        refusals += _refusal(batch, missing, "missing label", LABEL, "missing_label")
     values = labels_to_numpy(batch)
-    present = ~labels.is_null().to_numpy(zero_copy_only=False)
-    negative = present & (values < 0)
-    if negative.any():
-        rows = np.flatnonzero(negative)
-        refusals.append(Refusal(BatchError("negative label", column=LABEL, sample_ids=_ids(batch, rows),
-                                           reason="negative_label"), rows))
+    negative = ~missing & (values < 0)
+    refusals += _refusal(batch, negative, "negative label", LABEL, "negative_label")
     if contract.known_labels is not None:
         known = np.fromiter(contract.known_labels, dtype=np.int64)
-        unknown = present & (values >= 0) & ~np.isin(values, known)
-        if unknown.any():
-            rows = np.flatnonzero(unknown)
-            refusals.append(Refusal(
-                BatchError(f"unknown label(s) {sorted(set(values[rows].tolist()))[:10]}", column=LABEL,
-                           sample_ids=_ids(batch, rows), reason="unknown_label"), rows))
+        unknown = ~missing & (values >= 0) & ~np.isin(values, known)
+        refusals += _refusal(batch, unknown, f"unknown label(s) {sorted(set(values[unknown].tolist()))[:10]}", LABEL,
+                             "unknown_label")
     return refusals
+
+
+def integers(column: pa.Array | pa.ChunkedArray, target: pa.DataType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An integer or float column's values in `target`'s numpy type, row by row: (values, the null rows (NaN counts as
+    null), the rows whose value is no integer or does not fit `target`); the values of those rows are 0."""
+    nulls = column.is_null().to_numpy(zero_copy_only=False)
+    raw = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+    info = np.iinfo(target.to_pandas_dtype())
+    if raw.dtype.kind == "f":
+        nan = np.isnan(raw)
+        nulls, raw = nulls | nan, np.where(nan, 0.0, raw)
+        fits = (raw >= info.min) & (raw < -float(info.min)) & (np.floor(raw) == raw)  # -min: 2^(bits-1), exact
+    else:
+        fits = (raw >= info.min) & (raw <= info.max)
+    bad = ~fits & ~nulls
+    return np.where(fits, raw, 0).astype(info.dtype), nulls, bad
+
+
+def _conform_integers(batch: pa.RecordBatch, name: str, target: pa.DataType) -> tuple[pa.Array, list[Refusal]]:
+    """An integer or float column as `target`, row by row (`integers`): a value that is no integer, or that `target`
+    cannot hold, is refused (its place left null)."""
+    values, nulls, bad = integers(batch.column(name), target)
+    examples = sorted(set(batch.column(name).filter(pa.array(bad)).to_pylist()))[:5]
+    return pa.array(values, type=target, mask=nulls | bad), _refusal(
+        batch, bad, f"{len(np.flatnonzero(bad))} value(s) such as {examples} are not {target}", name, "schema")
+
+
+def _conform_features(batch: pa.RecordBatch, dim: int) -> tuple[pa.Array, list[Refusal]]:
+    """A list column of numbers (any list kind, any width) as fixed_size_list<float32, dim>, row by row: a row of
+    another length, holding a null value, or a finite value float32 cannot hold, is refused (its place left null)."""
+    column = batch.column(FEATURES)
+    n = len(column)
+    nulls = column.is_null().to_numpy(zero_copy_only=False)
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = column.flatten()  # the values of the non-null rows, in row order
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    wrong = ~nulls & (lengths != dim)
+    holed = np.zeros(n, bool)
+    if values.null_count:
+        null_values = np.concatenate([[0], np.cumsum(values.is_null().to_numpy(zero_copy_only=False))])
+        holed = ~nulls & ~wrong & (null_values[starts + lengths] > null_values[starts])
+    take = ~nulls & ~wrong & ~holed
+    flat = pc.fill_null(values, 0).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    if take.all():  # every row dim long: the values are the matrix already, without a copy
+        matrix = flat.reshape(n, dim)
+    else:
+        matrix = np.zeros((n, dim), np.float64)
+        matrix[take] = flat[starts[take][:, None] + np.arange(dim)[None, :]]
+    with np.errstate(invalid="ignore", over="ignore"):
+        huge = take & (np.abs(matrix) > np.finfo(np.float32).max).any(axis=1) & np.isfinite(matrix).all(axis=1)
+        single = matrix.astype(np.float32)
+    refused = nulls | wrong | holed | huge
+    single[refused] = 0.0
+    array = pa.FixedSizeListArray.from_arrays(pa.array(single.ravel()), dim, mask=pa.array(refused))
+    found = sorted(set(lengths[wrong].tolist()))[:5]
+    largest = float(np.abs(matrix[huge]).max(initial=0.0))
+    return array, (_refusal(batch, wrong, f"rows of {found} values, expected {dim}", FEATURES, "feature_dim")
+                   + _refusal(batch, holed, "null values inside feature rows", FEATURES, "null")
+                   + _refusal(batch, huge, f"a feature of magnitude {largest:.3g} does not fit float32", FEATURES,
+                              "magnitude"))
+
+
+def conform(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch, list[Refusal]]:
+    """`batch` with its id, task and label columns and its features cast to the contract's types where the file's
+    types differ, row by row (another integer width, integral floats, a list of numbers of any kind), and the rows
+    that cannot be cast, refused for that alone (their places left null). A column of another kind (text labels),
+    or missing, is left as it is: `check` refuses the batch for it."""
+    refusals: list[Refusal] = []
+    columns, fields = list(batch.columns), list(batch.schema)
+    cast = []
+    for name, typ in _EXPECTED_TYPES.items():
+        idx = batch.schema.get_field_index(name)
+        if idx >= 0 and fields[idx].type != typ and _is_number(fields[idx].type):
+            columns[idx], refused = _conform_integers(batch, name, typ)
+            cast.append((idx, typ))
+            refusals += refused
+    idx = batch.schema.get_field_index(FEATURES)
+    if contract.feature_dim is not None and idx >= 0:
+        typ, target = fields[idx].type, pa.list_(pa.float32(), contract.feature_dim)
+        lists = pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)
+        if typ != target and lists and _is_number(typ.value_type):
+            columns[idx], refused = _conform_features(batch, contract.feature_dim)
+            cast.append((idx, target))
+            refusals += refused
+    if not cast:
+        return batch, []
+    for idx, typ in cast:
+        fields[idx] = fields[idx].with_type(typ)
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, metadata=batch.schema.metadata)), refusals
+
+
+def _is_number(typ: pa.DataType) -> bool:
+    return pa.types.is_integer(typ) or pa.types.is_floating(typ)
 
 
 def validate(batch: pa.RecordBatch, contract: Contract | None = None, **kwargs: object) -> None:
@@ -392,14 +547,26 @@ def split(batch: pa.RecordBatch, refusals: list[Refusal]) -> tuple[pa.RecordBatc
         rows = refusal.rows[~taken[refusal.rows]]
         if len(rows):
             taken[rows] = True
-            unique.append(Refusal(refusal.error, rows))
+            error = refusal.error
+            if len(rows) < len(refusal.rows):  # the message names only the rows refused for this reason
+                error = BatchError(error.detail, column=error.column, reason=error.reason,
+                                   sample_ids=[i for i in _ids(batch, rows) if i is not None])
+            unique.append(Refusal(error, rows))
     keep = np.flatnonzero(~taken)
     return (batch.take(pa.array(keep)) if len(keep) else None), unique
 
 
+def judge(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch, list[Refusal]]:
+    """`batch` cast to the contract's types row by row (`conform`), and every refusal of its rows: those that could
+    not be cast, then what `check` finds in the rest."""
+    conformed, refusals = conform(batch, contract)
+    return conformed, refusals + check(conformed, contract)
+
+
 def partition(batch: pa.RecordBatch, contract: Contract) -> tuple[pa.RecordBatch | None, list[Refusal]]:
-    """Split `batch` into the rows that satisfy the contract and the refusals (each row refused once)."""
-    return split(batch, check(batch, contract))
+    """Split `batch` into the rows that satisfy the contract (in its types) and the refusals (each row refused
+    once)."""
+    return split(*judge(batch, contract))
 
 
 PREDICTION = "prediction"

@@ -70,6 +70,9 @@ class Stream(Protocol):
     # it the batch starts at); `key` is the visit of a "train" batch, the task of a "test" one
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]: ...
 
+    # rows of a training batch whose sample_id an earlier training row had (only an `arrow:` folder repeats one)
+    def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]: ...
+
 
 def _fingerprint(arrays: list[np.ndarray]) -> str:
     h = hashlib.sha256()
@@ -132,6 +135,9 @@ class DatasetStream:
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
         return f"{self.dataset.name} {split}", 0  # rows are drawn across the dataset; sample_id is the dataset row
 
+    def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]:
+        return []
+
     def _emit(self, split: str, ids: np.ndarray, rows: np.ndarray, tasks: np.ndarray | None) -> pa.RecordBatch:
         _, y = self.dataset.split(split)
         if split in self.features:
@@ -152,17 +158,20 @@ CLASS_NAMES_FILE = "classes.txt"  # or a sidecar in the folder: one name per lin
 
 
 def _read_table(path: Path) -> pa.Table:
-    """One Parquet or Arrow IPC (file or stream format) file; an unreadable one becomes a one-row error table that
-    the gate dead-letters."""
+    """One Parquet or Arrow IPC (file or stream format) file; an unreadable one (truncated, not Arrow at all) becomes
+    a one-row table naming the file and the reader's error, which the gate refuses as one dead letter (`unreadable`)."""
     try:
         if path.suffix == ".parquet":
             return pq.read_table(path)
         try:
             return pa.ipc.open_file(path).read_all()
-        except pa.ArrowInvalid:
-            return pa.ipc.open_stream(path.read_bytes()).read_all()
-    except (pa.ArrowInvalid, OSError) as err:
-        return pa.table({"unreadable_file": [str(path)], "error": [str(err)]})
+        except pa.ArrowInvalid as as_file:
+            try:
+                return pa.ipc.open_stream(path.read_bytes()).read_all()
+            except pa.ArrowInvalid as as_stream:
+                raise pa.ArrowInvalid(f"neither an Arrow IPC file ({as_file}) nor stream ({as_stream})") from None
+    except (pa.ArrowException, OSError) as err:
+        return pa.table({S.UNREADABLE_FILE: [str(path)], "error": [str(err)]})
 
 
 def _first_task(table: pa.Table) -> int | None:
@@ -216,23 +225,23 @@ class ArrowDirStream:
         self.num_rows = 0
         self.class_names = self._sidecar_names()
         self.task_labels: dict[int, set[int]] = {}  # the labels each task's rows carry (for tables and plots)
-        awaiting: dict[int, tuple[Path, int]] = {}  # unlabelled training rows so far, by sample_id: where they are
         self.settles: dict[Path, list[tuple[Path, int] | None]] = {}  # per label file, per row: the row it labels
         self.late_labels: list[int] = []  # the sample ids the label files settle, in stream order
+        order: list[tuple[Path, list[int] | None, list[tuple[int, int]]]] = []  # label file ids, or unlabelled rows
+        ids: list[tuple[Path, pa.ChunkedArray]] = []  # the sample ids of each data file, in stream order
         for path in self.train_files:
             table = self._table(path)
             self.num_rows += table.num_rows
             if self._label_file(table):
-                ids = table.column(S.SAMPLE_ID).to_pylist()
-                self.settles[path] = [awaiting.pop(i, None) for i in ids]
-                self.late_labels += [i for i, origin in zip(ids, self.settles[path], strict=True) if origin is not None]
+                order.append((path, table.column(S.SAMPLE_ID).to_pylist(), []))
                 if not self.visits:
                     self.visits.append(0)
                     self.visit_slices.append([])
                 self.visit_slices[-1] += self._slices(path, table.num_rows)
                 self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
                 continue
-            awaiting.update(_unlabelled_rows(path, table))
+            order.append((path, None, _unlabelled_rows(table)))
+            ids.append((path, _sample_id_column(table)))
             self.class_names = self.class_names or _metadata_names(table.schema)
             task = _first_task(table)
             index = task_order.setdefault(task, len(task_order)) if task is not None else None
@@ -241,6 +250,9 @@ class ArrowDirStream:
                 self.visit_slices.append([])
             self.visit_slices[-1] += self._slices(path, table.num_rows)
             self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
+        # per train file, its rows whose sample_id an earlier training row had, each with where that row is
+        self.repeats: dict[Path, dict[int, tuple[Path, int]]] = _repeats(ids)
+        self._settle(order)
         self.task_ids = sorted(task_order, key=task_order.get)
         self.tests: dict[int, list[Slice]] = {}
         for path in self.test_files:
@@ -248,6 +260,17 @@ class ArrowDirStream:
             task = _first_task(table)
             if task is not None and task in task_order:
                 self.tests.setdefault(task_order[task], []).extend(self._slices(path, table.num_rows))
+
+    def _settle(self, order: list[tuple[Path, list[int] | None, list[tuple[int, int]]]]) -> None:
+        """Which earlier unlabelled row each label file's row labels (a repeated row is never one of them)."""
+        awaiting: dict[int, tuple[Path, int]] = {}  # unlabelled training rows so far, by sample_id: where they are
+        for path, labelled, unlabelled in order:
+            if labelled is None:
+                skip = self.repeats.get(path, {})
+                awaiting.update({i: (path, row) for i, row in unlabelled if row not in skip})
+                continue
+            self.settles[path] = [awaiting.pop(i, None) for i in labelled]
+            self.late_labels += [i for i, where in zip(labelled, self.settles[path], strict=True) if where is not None]
 
     def _slices(self, path: Path, rows: int) -> list[Slice]:
         # an empty file still yields one (empty) batch, so every file of the folder is accounted for
@@ -274,7 +297,7 @@ class ArrowDirStream:
         if piece.path in self.settles:
             table = self._late_rows(piece)
         else:
-            table = self._features_as_contract(self._table(piece.path).slice(piece.offset, piece.length))
+            table = self._table(piece.path).slice(piece.offset, piece.length)
         batches = table.combine_chunks().to_batches()
         return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
@@ -294,28 +317,11 @@ class ArrowDirStream:
                                 S.LABEL: pa.array([values[k]], pa.int32()),
                                 self.payload: pa.nulls(1, self._payload_type)})
             else:
-                row = self._features_as_contract(source.slice(origin[1], 1).select(columns))
+                row = source.slice(origin[1], 1).select(columns)
                 row = row.set_column(2, row.schema.field(2), pa.array([values[k]], row.schema.field(2).type))
             rows.append(row)
-        return pa.concat_tables(rows, promote_options="default") if rows else labels
-
-    def _features_as_contract(self, table: pa.Table) -> pa.Table:
-        """Feature lists of any float type and list kind (numpy's float64, pandas' variable-length lists) as the
-        fixed_size_list<float32, feature_dim> the learner takes, when every row has that length; otherwise the
-        table is left as it is and the gate refuses what breaks the contract."""
-        idx = table.schema.get_field_index(S.FEATURES)
-        if self.payload != "features" or idx < 0:
-            return table
-        target = pa.list_(pa.float32(), self.feature_dim)
-        typ = table.schema.field(idx).type
-        if typ == target or not (pa.types.is_list(typ) or pa.types.is_large_list(typ)
-                                 or pa.types.is_fixed_size_list(typ)) or not pa.types.is_floating(typ.value_type):
-            return table
-        try:
-            column = pc.cast(table.column(idx), target)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):  # e.g. another width
-            return table
-        return table.set_column(idx, table.schema.field(idx).with_type(target), column)
+        # rows of files whose payload types differ meet in a type that holds them all; the gate casts it
+        return pa.concat_tables(rows, promote_options="permissive") if rows else labels
 
     def _sidecar_names(self) -> list[str] | None:
         path = self.root / CLASS_NAMES_FILE
@@ -344,27 +350,77 @@ class ArrowDirStream:
     def visit_tasks(self, visit: int) -> list[int]:
         return [self.visits[visit]]
 
+    def _piece(self, split: str, key: int, index: int) -> Slice:
+        return self.visit_slices[key][index] if split == "train" else self.tests[key][index]
+
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
-        piece = self.visit_slices[key][index] if split == "train" else self.tests[key][index]
+        piece = self._piece(split, key, index)
         return str(piece.path.relative_to(self.root)), piece.offset
 
+    def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]:
+        """The rows of a training batch whose sample_id an earlier training row already had, refused as `duplicate`:
+        the first row with a sample_id holds it, whatever becomes of it (a label file's rows come again by design).
+        Test rows are evaluated, never learned: their ids may repeat (each task's test file numbered from 0)."""
+        if split != "train":
+            return []
+        piece = self._piece(split, key, index)
+        repeats = self.repeats.get(piece.path, {})
+        rows = np.array(sorted(r - piece.offset for r in repeats if piece.offset <= r < piece.offset + piece.length),
+                        np.int64)
+        if not len(rows):
+            return []
+        firsts = [repeats[int(r) + piece.offset] for r in rows]
+        shown = ", ".join(f"{p.relative_to(self.root)} row {r}" for p, r in firsts[:3])
+        ids = S.integers(self._table(piece.path).column(S.SAMPLE_ID), pa.int64())[0]
+        return [S.Refusal(S.BatchError(f"sample_id already used by an earlier training row ({shown}"
+                                       f"{', ...' if len(firsts) > 3 else ''})", column=S.SAMPLE_ID,
+                                       sample_ids=ids[rows + piece.offset].tolist(), reason="duplicate"), rows)]
 
-def _unlabelled_rows(path: Path, table: pa.Table) -> dict[int, tuple[Path, int]]:
-    """The rows of a train file whose label is null, by sample_id (a label file may settle them later)."""
+
+def _unlabelled_rows(table: pa.Table) -> list[tuple[int, int]]:
+    """(sample_id, row) of the rows of a train file whose label is null (a label file may settle them later)."""
     names = table.schema.names
     if S.SAMPLE_ID not in names or S.LABEL not in names:
-        return {}
+        return []
     nulls = np.flatnonzero(table.column(S.LABEL).is_null().to_numpy(zero_copy_only=False))
     ids = table.column(S.SAMPLE_ID).to_pylist()
-    return {ids[r]: (path, int(r)) for r in nulls if ids[r] is not None}
+    return [(ids[r], int(r)) for r in nulls if ids[r] is not None]
+
+
+def _sample_id_column(table: pa.Table) -> pa.ChunkedArray:
+    """A table's sample ids (all null where it has none of a kind the gate can cast)."""
+    idx = table.schema.get_field_index(S.SAMPLE_ID)
+    if idx < 0 or not (pa.types.is_integer(table.schema.field(idx).type)
+                       or pa.types.is_floating(table.schema.field(idx).type)):
+        return pa.chunked_array([pa.nulls(table.num_rows, pa.int64())])
+    return table.column(idx)
+
+
+def _repeats(files: list[tuple[Path, pa.ChunkedArray]]) -> dict[Path, dict[int, tuple[Path, int]]]:
+    """Per file, the rows whose sample_id an earlier row (in file, then row order) already had, each with the file
+    and row of the first: the rule that keeps a sample_id learned once (docs/guide.md, "The duplicate rule")."""
+    if not files:
+        return {}
+    values, nulls, bad = zip(*(S.integers(column, pa.int64()) for _, column in files), strict=True)
+    where = np.repeat(np.arange(len(files)), [len(v) for v in values])
+    rows = np.concatenate([np.arange(len(v)) for v in values])
+    valid = np.flatnonzero(~np.concatenate(nulls) & ~np.concatenate(bad))
+    _, first, inverse = np.unique(np.concatenate(values)[valid], return_index=True, return_inverse=True)
+    out: dict[Path, dict[int, tuple[Path, int]]] = {}
+    for k in np.flatnonzero(first[inverse] != np.arange(len(valid))):
+        here, there = valid[k], valid[first[inverse[k]]]
+        out.setdefault(files[where[here]][0], {})[int(rows[here])] = (files[where[there]][0], int(rows[there]))
+    return out
 
 
 def _labels(table: pa.Table) -> list[int]:
-    """The distinct valid labels of a table (none if its label column is missing or not integer)."""
+    """The distinct valid labels of a table (none if its label column is missing or not of numbers)."""
     idx = table.schema.get_field_index(S.LABEL)
-    if idx < 0 or not pa.types.is_integer(table.schema.field(idx).type):
+    if idx < 0 or not (pa.types.is_integer(table.schema.field(idx).type)
+                       or pa.types.is_floating(table.schema.field(idx).type)):
         return []
-    return [v for v in pc.unique(pc.drop_null(table.column(idx))).to_pylist() if v >= 0]
+    values, nulls, bad = S.integers(table.column(idx), pa.int32())
+    return sorted({int(v) for v in values[~nulls & ~bad] if v >= 0})
 
 
 def _metadata_names(schema: pa.Schema) -> list[str] | None:
@@ -492,6 +548,9 @@ class DriftStream:
     def origin(self, split: str, key: int, index: int) -> tuple[str, int]:
         return f"drift {split}", index * self.spec.batch_size
 
+    def repeated(self, split: str, key: int, index: int) -> list[S.Refusal]:
+        return []
+
 
 @dataclass(frozen=True)
 class SourceSpec:
@@ -541,6 +600,7 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
         if source.payload == "features" and source.feature_dim is None:
             raise ValueError(f"data.feature_dim: {name} carries features (data.payload=features); set the width "
                              "the learner accepts, or data.payload=image / text for raw rows")
+        _check_first_files(files, source, Path(path))
     elif kind == "image-folder":
         if not Path(path).is_dir():
             raise ValueError(f"data.dataset: {path}: no such folder (an image-folder:<folder> stream needs "
@@ -556,6 +616,67 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
     else:
         raise ValueError(f"data.dataset: unknown dataset {name!r}; accepted: {', '.join(DATASETS)}, synthetic, "
                          "drift, arrow:<folder>, image-folder:<folder>")
+
+
+def _first_rows(path: Path) -> pa.Table:
+    """The first rows of a Parquet or Arrow IPC file (its first row group or record batch), as cheaply as it reads."""
+    if path.suffix == ".parquet":
+        parquet = pq.ParquetFile(path)
+        return parquet.read_row_group(0) if parquet.num_row_groups else parquet.schema_arrow.empty_table()
+    try:
+        reader = pa.ipc.open_file(path)
+        return pa.Table.from_batches([reader.get_batch(0)] if reader.num_record_batches else [], reader.schema)
+    except pa.ArrowInvalid:
+        with pa.ipc.open_stream(path) as stream:
+            return pa.Table.from_batches([stream.read_next_batch()])
+
+
+def _feature_width(table: pa.Table, dim: int) -> int | None:
+    """The commonest width of a table's features when none of its rows has `dim` values (None: one has, or the column
+    holds no lists of numbers to tell)."""
+    column = table.column(S.FEATURES)
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+            or pa.types.is_fixed_size_list(column.type)):
+        return None
+    widths = pc.drop_null(pc.list_value_length(column)).to_numpy(zero_copy_only=False)
+    return int(np.bincount(widths).argmax()) if len(widths) and not (widths == dim).any() else None
+
+
+PREFLIGHT_FILES = 8  # the data files `check_source` reads the first rows of, at most
+
+
+def _check_first_files(files: list[Path], source: SourceSpec, root: Path) -> None:
+    """The folder's first data files against data.payload and data.feature_dim: when none of them carries the payload
+    but one carries another, or none has a feature row of the configured width, the config is wrong (every row would
+    be refused), and one line says what to set. Unreadable files, label files and empty ones tell nothing and are
+    passed over; rows that break the contract in other ways are the gate's to refuse, row by row."""
+    other: tuple[Path, str] | None = None  # the first file carrying another payload, and that payload
+    wide: tuple[Path, int] | None = None  # the first file whose features all have another width, and the commonest
+    read = 0
+    for path in files:
+        try:
+            table = _first_rows(path)
+        except (pa.ArrowException, OSError, StopIteration):
+            continue
+        names, where = table.schema.names, path.relative_to(root)
+        carried = [c for c in ("image", "text", "features") if c in names]
+        if not len(table) or (not carried and {S.SAMPLE_ID, S.LABEL} <= set(names)):
+            continue  # an empty file, or a label file
+        read += 1
+        if source.payload not in names:
+            other = other or ((where, carried[0]) if carried else None)
+        elif source.payload != "features" or (width := _feature_width(table, source.feature_dim)) is None:
+            return
+        else:
+            wide = wide or (where, width)
+        if read == PREFLIGHT_FILES:
+            break
+    if wide is not None:
+        raise ValueError(f"data.feature_dim: {source.feature_dim}, but the features of {wide[0]} have {wide[1]} "
+                         f"values: set data.feature_dim={wide[1]}")
+    if other is not None:
+        raise ValueError(f"data.payload: {source.payload}, but {other[0]} has no {source.payload} column; it carries "
+                         f"{other[1]}: set data.payload={other[1]}")
 
 
 def _check_split(num_classes: int, stream: StreamSpec, name: str) -> None:

@@ -12,25 +12,31 @@ from memcl_ops.clock import StageClock
 from memcl_ops.data.datasets import DatasetUnavailable
 from memcl_ops.data.sources import SourceSpec, StreamInfo, build_stream
 from memcl_ops.data.streams import StreamSpec
+from memcl_ops.method_config import MethodConfig
+from memcl_ops.methods import feature_bound
 
 
 class StreamSource:
     """`unlabelled`: training rows without a label pass the gate (a learner that predicts them and learns only the
     labelled rows: the "features" family); otherwise they are refused as `missing_label`. Test rows always need
-    one."""
+    one. `method`, `seed`: the method the stream feeds, whose bound on feature values the gate enforces
+    (`memcl_ops.methods.feature_bound`; None: every method's)."""
 
-    def __init__(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None, unlabelled: bool = False):
+    def __init__(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None, unlabelled: bool = False,
+                 method: MethodConfig | None = None, seed: int = 0):
         # Data that cannot be read is the user's error: kept and raised by describe(), the runner's first call,
         # because a method's exception reaches the driver as itself, a constructor's only as a log and a text.
         self.unreadable: Exception | None = None
         try:
-            self.reset(source, stream, max_batch_rows, unlabelled)
+            self.reset(source, stream, max_batch_rows, unlabelled, method, seed)
         except (ValueError, OSError, DatasetUnavailable) as err:
             self.unreadable = err
 
     def reset(self, source: SourceSpec, stream: StreamSpec, max_batch_rows: int | None,
-              unlabelled: bool = False) -> None:
+              unlabelled: bool = False, method: MethodConfig | None = None, seed: int = 0) -> None:
         self.unlabelled = unlabelled
+        self.method, self.seed = method, seed
+        self.bounds: dict[int, S.FeatureBound] = {}  # by feature dim, computed once
         self.unreadable = None
         if getattr(self, "args", None) != (source, stream):  # keep a loaded dataset when nothing changed
             self.args = None
@@ -49,11 +55,18 @@ class StreamSource:
 
     def contract(self, split: str = "train") -> S.Contract:
         """What the learner accepts: the stream's labels, and its feature dim or raw payload."""
-        features = self.info.feature_dim is not None  # raw streams get it once the feature cache filled them
-        return S.Contract(feature_dim=self.info.feature_dim if features else None,
-                          payload=None if features else self.info.payload,
+        dim = self.info.feature_dim  # raw streams get it once the feature cache filled them
+        return S.Contract(feature_dim=dim, payload=None if dim is not None else self.info.payload,
                           known_labels=frozenset(self.info.labels) if self.info.labels is not None else None,
-                          max_rows=self.max_batch_rows, require_labels=split == "test" or not self.unlabelled)
+                          max_rows=self.max_batch_rows, require_labels=split == "test" or not self.unlabelled,
+                          feature_bound=self.feature_bound(dim) if dim is not None else None)
+
+    def feature_bound(self, dim: int) -> S.FeatureBound:
+        """The feature values the method takes at width `dim` (every method's bound without a method)."""
+        if dim not in self.bounds:
+            self.bounds[dim] = (S.FeatureBound() if self.method is None
+                                else feature_bound(self.method, dim, self.seed))
+        return self.bounds[dim]
 
     def needed_rows(self, split: str) -> np.ndarray:
         return self.stream.needed_rows(split)
@@ -89,7 +102,7 @@ class StreamSource:
             return self._gated(self.stream.test_batch(task, index, after_visit), "test", task, index)
 
     def _gated(self, batch: pa.RecordBatch, split: str, key: int, index: int) -> tuple[pa.RecordBatch | None, pa.Table]:
-        good, dead = gate(batch, self.contract(split))
+        good, dead = gate(batch, self.contract(split), self.stream.repeated(split, key, index))
         return good, with_origin(dead, split, *self.stream.origin(split, key, index)) if dead.num_rows else dead
 
     def visit_tasks(self, visit: int) -> list[int]:

@@ -77,18 +77,26 @@ def test_parquet_and_ipc_folders_give_the_same_run(actors, tmp_path):
 
 
 def test_every_row_refused_exits_non_zero_with_the_reasons(ray_session, tmp_path, capsys):
+    """Each row broken its own way (three of another width, two without a sample_id, one NaN): the run learns
+    nothing, exits 1, and the closing line counts the reasons and says the commonest in words, with what the gate
+    found in one of its rows."""
     root = tmp_path / "ragged"
     (root / "train").mkdir(parents=True)
-    ragged = pa.table({S.SAMPLE_ID: pa.array(np.arange(6), pa.int64()), S.TASK_ID: pa.array([0] * 6, pa.int32()),
-                       S.LABEL: pa.array([0, 1] * 3, pa.int32()),
-                       S.FEATURES: pa.array([[0.5] * (DIM - i % 2) for i in range(6)], pa.list_(pa.float32()))})
+    features = [[0.5] * DIM if i > 2 else [0.5] * (DIM - 1 - i % 2) for i in range(6)]
+    features[5] = [float("nan")] * DIM
+    ragged = pa.table({S.SAMPLE_ID: pa.array([0, 1, 2, None, None, 5], pa.int64()),
+                       S.TASK_ID: pa.array([0] * 6, pa.int32()), S.LABEL: pa.array([0, 1] * 3, pa.int32()),
+                       S.FEATURES: pa.array(features, pa.list_(pa.float32()))})
     pq.write_table(ragged, root / "train" / "000.parquet")
     rc = cli.main(["run", "--set", f"data.dataset=arrow:{root}", "--set", "data.payload=features",
                    "--set", f"data.feature_dim={DIM}", "--set", "method.name=finetune",
                    "--set", f"runtime.out={tmp_path / 'runs'}", "--set", "runtime.progress=false"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
-    assert err[-1].startswith("memcl: error: nothing was learned: 6 of 6 training rows refused (schema 6)")
+    assert err[-1].startswith("memcl: error: nothing was learned: 6 of 6 training rows refused (feature_dim 3, "
+                              "null 2, non_finite 1); the commonest, feature_dim: the features do not have "
+                              f"data.feature_dim values (column 'features': rows of [{DIM - 2}, {DIM - 1}] values, "
+                              f"expected {DIM}); the rows are in ")
     assert "dead_letters" in err[-1]
 
 
@@ -117,8 +125,9 @@ def test_refused_rows_are_reported_per_split_and_file_and_strict_fails_the_run(r
     assert rc == 0
     run_dir = next((tmp_path / "runs").iterdir())
     assert err[-1] == (f"memcl: warning: 70 of 280 training rows refused (schema 70); 70 test rows refused "
-                       f"(schema 70); by file: train/003.arrow 70, test/001.arrow 70; the rows are in "
-                       f"{run_dir}/dead_letters/")
+                       f"(schema 70); by file: train/003.arrow 70, test/001.arrow 70; the commonest, schema: a "
+                       f"column is missing or holds a type that does not convert to the contract's (column 'label': "
+                       f"wrong type string, expected int32); the rows are in {run_dir}/dead_letters/")
     dead = pq.read_table(run_dir / "dead_letters")
     assert sorted(set(zip(dead.column("split").to_pylist(), dead.column("origin").to_pylist()))) == [
         ("test", "test/001.arrow"), ("train", "train/003.arrow")]

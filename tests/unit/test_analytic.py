@@ -211,6 +211,30 @@ def test_sums_that_would_leave_the_exact_range_are_refused_naming_the_knob():
     assert stats.count == 2**12 - 1  # everything up to the refused sum is kept, exact
 
 
+@pytest.mark.parametrize("bits", [16, 20])
+@CONFIGS
+def test_every_row_within_the_input_bound_is_taken_exactly(config, bits):
+    """The gate's bound for the analytic heads (FeatureMap.input_bound): the worst rows it lets pass (every value at
+    the bound; for the expansion, a row at the L1 bound aimed at R's largest entry) are summed without error, and a
+    plain head refuses a value just past what its fixed point can square (why a bound is needed at all)."""
+    config = replace(config, fraction_bits=bits)
+    fmap = FeatureMap(DIM, config, seed=3)
+    bound = fmap.input_bound()
+    assert f"fraction_bits = {bits}" in bound.why
+    assert bound.max_abs <= 2.0 ** (26 - bits) if config.expansion_dim == 0 else bound.max_l1 < 2.0 ** (27 - bits)
+    worst = np.full((1, DIM), bound.max_abs)
+    if bound.max_l1 is not None:
+        i, j = np.unravel_index(np.abs(fmap.projection).argmax(), fmap.projection.shape)
+        worst = np.zeros((1, DIM))
+        worst[0, i] = np.sign(fmap.projection[i, j]) * min(bound.max_l1, bound.max_abs)
+    head = AnalyticHead(DIM, config, seed=3)
+    head.update(np.concatenate([worst, -worst]), np.array([0, 1]))
+    assert head.stats.count == 2
+    if bound.max_l1 is None:
+        with pytest.raises(OverflowError, match="cannot be squared exactly"):
+            head.update(np.full((1, DIM), 2.0 ** (26.6 - bits)), np.zeros(1, np.int64))
+
+
 def test_bad_input_is_refused_with_a_clear_error():
     head = AnalyticHead(DIM, PLAIN)
     x, y = clusters(0)

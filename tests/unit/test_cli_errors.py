@@ -160,3 +160,39 @@ def test_list(capsys, what, expected):
     assert set(expected) <= set(names)
     if what == "methods":
         assert names == list(METHODS)
+
+
+def test_check_reads_the_first_files_of_an_arrow_folder(tmp_path, capsys):
+    """A data.feature_dim or data.payload that the folder's first data files contradict is one line naming the first
+    such file and the value to set, before Ray starts; a file no reader opens is passed over (the gate refuses it), and
+    a file with rows of the configured width, or a later one, lets the run start (the gate judges the other rows one
+    by one); a stream of features names no encoder, since none runs."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memcl.pipeline import cli
+
+    def rows(widths):
+        n = len(widths)
+        return pa.table({"sample_id": np.arange(n), "task_id": pa.array([0] * n, pa.int32()),
+                         "label": pa.array([0, 1] * (n // 2), pa.int32()), "features": [[0.5] * w for w in widths]})
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "0-garbage.parquet").write_bytes(b"\x00" * 64)
+    pq.write_table(rows([15, 16, 16, 16]), tmp_path / "train" / "1.parquet")
+    pq.write_table(rows([17, 17]), tmp_path / "train" / "2.parquet")
+
+    def check(*settings):
+        rc = cli.main(["run", "--check", "--set", f"data.dataset=arrow:{tmp_path}",
+                       *[a for s in settings for a in ("--set", s)]])
+        captured = capsys.readouterr()
+        return rc, (captured.out + captured.err).strip()
+
+    assert check("data.feature_dim=14") == (2, "memcl: error: data.feature_dim: 14, but the features of "
+                                               "train/1.parquet have 16 values: set data.feature_dim=16")
+    assert check("data.payload=text") == (2, "memcl: error: data.payload: text, but train/1.parquet has no text "
+                                             "column; it carries features: set data.payload=features")
+    for dim in (15, 16, 17):
+        assert check(f"data.feature_dim={dim}") == (0, f"memcl: the run can start: mars (features) on "
+                                                       f"arrow:{tmp_path}, features as given (no encoder)")

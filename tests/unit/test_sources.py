@@ -5,6 +5,7 @@ import pyarrow as pa
 import pytest
 
 from memcl_ops.arrow import schema as S
+from memcl_ops.arrow.gate import gate
 from memcl_ops.data.sources import ArrowDirStream, DriftSpec, DriftStream
 
 
@@ -101,7 +102,7 @@ def test_arrow_folder_rebatches_files_and_takes_numpy_feature_lists(tmp_path):
     stream = ArrowDirStream(tmp_path, "features", feature_dim=3, batch_size=4)
     info = stream.describe()
     assert info.visit_batches == [3] and info.num_samples == 10 and info.extra["class_names"] == ["no", "yes"]
-    batches = [stream.train_batch(0, i) for i in range(3)]
+    batches = [gate(stream.train_batch(0, i), S.Contract(feature_dim=3))[0] for i in range(3)]  # the gate casts
     assert [b.num_rows for b in batches] == [4, 4, 2]
     assert batches[0].schema.field(S.FEATURES).type == pa.list_(pa.float32(), 3)
     np.testing.assert_array_equal(np.concatenate([S.features_to_numpy(b) for b in batches]), feats)
@@ -115,3 +116,71 @@ def test_arrow_folder_leaves_features_of_another_width_to_the_gate(tmp_path):
     _write(tmp_path / "train" / "a.arrow", wide.to_batches()[0])
     out = ArrowDirStream(tmp_path, "features", feature_dim=3).train_batch(0, 0)
     assert out.schema.field(S.FEATURES).type == pa.list_(pa.float64(), 5)  # unchanged: the gate refuses it
+
+
+def test_an_unreadable_file_is_one_dead_letter_naming_it_and_the_readers_error(tmp_path):
+    import pyarrow.parquet as pq
+
+    from memcl_ops.data.sources import SourceSpec
+    from memcl_ops.data.streams import StreamSpec
+    from memcl_ops.roles.stream_source import StreamSource
+
+    (tmp_path / "train").mkdir()
+    good = pa.Table.from_batches([S.feature_batch(np.arange(6), np.ones((6, 2)), np.zeros(6, int), np.zeros(6, int))])
+    pq.write_table(good, tmp_path / "train" / "a.parquet")
+    whole = (tmp_path / "train" / "a.parquet").read_bytes()
+    (tmp_path / "train" / "b.parquet").write_bytes(whole[:len(whole) // 2])  # truncated: no footer
+    (tmp_path / "train" / "c.arrow").write_bytes(bytes(range(256)) * 3)
+    pq.write_table(good.set_column(0, S.SAMPLE_ID, pa.array(np.arange(6, 12))), tmp_path / "train" / "d.parquet")
+    source = StreamSource(SourceSpec(dataset=f"arrow:{tmp_path}", feature_dim=2), StreamSpec(batch_size=4), None)
+    info = source.describe()
+    outcomes = [source.train_batch(0, i) for i in range(info.visit_batches[0])]
+    learned = [i for good_rows, _ in outcomes if good_rows is not None for i in S.sample_ids_to_numpy(good_rows)]
+    assert learned == list(range(12))
+    dead = pa.concat_tables([letters for _, letters in outcomes])
+    assert dead.column("origin").to_pylist() == ["train/b.parquet", "train/c.arrow"]
+    assert dead.column("reason").to_pylist() == ["unreadable"] * 2 and dead.column(S.SAMPLE_ID).null_count == 2
+    truncated, garbage = dead.column("message").to_pylist()
+    assert "b.parquet" in truncated and "Parquet magic bytes not found" in truncated
+    assert "c.arrow" in garbage and "neither an Arrow IPC file" in garbage
+
+
+def test_a_repeated_sample_id_is_refused_as_duplicate_and_the_first_row_keeps_it(tmp_path):
+    """Rows already streamed come again with other labels: each is refused as `duplicate` naming where the first
+    was; an unlabelled row's late label settles the first row, not its repeat; test rows, never learned, keep
+    theirs (the same ids as training rows, or twice)."""
+    import pyarrow.parquet as pq
+
+    from memcl_ops.data.sources import SourceSpec
+    from memcl_ops.data.streams import StreamSpec
+    from memcl_ops.roles.stream_source import StreamSource
+
+    def table(ids, labels, values=None):
+        values = ids if values is None else values
+        return pa.Table.from_batches([S.feature_batch(np.array(ids), np.outer(values, np.ones(2)),
+                                                      pa.array(labels, pa.int32()), np.zeros(len(ids), int))])
+
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+    pq.write_table(table(range(7), [0, 1, 0, 1, 0, 1, None]), tmp_path / "train" / "a.parquet")
+    pq.write_table(table([3, 4, 6, 7, 7], [0, 0, 1, 1, 0], [3, 4, 99, 7, 7]), tmp_path / "train" / "b.parquet")
+    pq.write_table(pa.table({S.SAMPLE_ID: pa.array([6], pa.int64()), S.LABEL: pa.array([1], pa.int32())}),
+                   tmp_path / "train" / "c.parquet")  # a label file: row 6 of a.parquet is class 1
+    pq.write_table(table([0, 1, 2, 0], [0, 1, 0, 1]), tmp_path / "test" / "a.parquet")
+    source = StreamSource(SourceSpec(dataset=f"arrow:{tmp_path}", feature_dim=2), StreamSpec(batch_size=4), None,
+                          unlabelled=True)
+    info = source.describe()
+    assert info.late_labels == [6]
+    outcomes = [source.train_batch(0, i) for i in range(info.visit_batches[0])]
+    passed = pa.concat_tables([pa.Table.from_batches([b]) for b, _ in outcomes if b is not None])
+    assert passed.column(S.SAMPLE_ID).to_pylist() == [0, 1, 2, 3, 4, 5, 6, 7, 6]
+    assert passed.column(S.FEATURES)[8].as_py() == [6, 6]  # the late label carries the first row's payload
+    dead = pa.concat_tables([d for _, d in outcomes])
+    assert dead.column(S.SAMPLE_ID).to_pylist() == [3, 4, 6, 7] and set(dead.column("reason").to_pylist()) == {
+        "duplicate"}
+    assert dead.column("position").to_pylist() == [0, 1, 2, 4]  # rows of b.parquet
+    messages = dead.column("message").to_pylist()
+    assert "earlier training row (train/a.parquet row 3, train/a.parquet row 4, train/a.parquet row 6)" in messages[0]
+    assert "earlier training row (train/b.parquet row 3)" in messages[3]
+    good, test_dead = source.test_batch(0, 0, 0)
+    assert S.sample_ids_to_numpy(good).tolist() == [0, 1, 2, 0] and not test_dead.num_rows
