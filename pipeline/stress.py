@@ -100,15 +100,16 @@ class Sampler:
         samples = sum(self.samples_per_round[:r + 1])
         memory = state.round_log[-1]["memory"]
         slots = memory.get("num_slots", 0)
-        tests = ray.get(pipe.monitor.counters.remote())["tests"] if pipe.monitor is not None else 0
+        x = pipe.x
+        tests = x.get(x.call("monitor", "counters"))["tests"] if x.has("monitor") else 0
         self.rows.append({
             "round": r, "elapsed_s": now - self.start, "samples": samples,
             "throughput": interval / (now - self.last), "slots": slots, "expansions": slots - self.initial_slots,
             "bound": self.initial_slots + int((self.event_starts < samples).sum()) + ALPHA * tests,
             **{f"bytes.{k}": v for k, v in memory.items() if k != "num_slots"},
             **self._rss(pipe), "object_store": object_store_bytes() or 0})
-        if last_round and pipe.monitor is not None:
-            self.test_steps = ray.get(pipe.monitor.test_steps.remote())
+        if last_round and x.has("monitor"):
+            self.test_steps = x.get(x.call("monitor", "test_steps"))
         self.last, self.last_round = time.perf_counter(), r  # the sampling itself is not charged to the stream
 
 
