@@ -37,6 +37,7 @@ import numpy as np
 from memcl.pipeline import lm, runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RuntimeConfig
+from memcl_ops import files
 from memcl_ops.data import superni
 from memcl_ops.data.lm_tasks import OPEN_ANSWERS, PARTLY_CAPABLE, LMStreamSpec
 from memcl_ops.miita.directions import prototype_bytes
@@ -214,7 +215,7 @@ def main() -> None:
         actors.close()
     report["seconds"] = time.perf_counter() - started
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    Path(args.out, "fair.json").write_text(json.dumps(report, indent=2))
+    files.write_json(Path(args.out, "fair.json"), report)
     print(f"{report['seconds']:.0f} s; {Path(args.out, 'fair.json')}")
 
 

@@ -31,6 +31,7 @@ from memcl.pipeline.config import ConfigError, RunConfig, load_config
 from memcl.pipeline.features import encode_stream
 from memcl.pipeline.report import accuracy_axis
 from memcl.pipeline.suites import Suite, suite
+from memcl_ops import files
 from memcl_ops.methods import METHODS, family_methods, method_spec
 
 TRAIN_PHASES = ("stream", "stage1", "stage2")  # wall-clock phases that make up "train time"
@@ -254,8 +255,8 @@ def write_results(folder: Path, chosen: Suite, rows: list[RunRow], seeds: int) -
     table = aggregate(rows)
     paths = {"markdown": folder / "results.md", "csv": folder / "results.csv", "runs": folder / "runs.csv",
              "curves": folder / "curves.png"}
-    paths["markdown"].write_text(markdown(chosen, table, seeds))
-    with open(paths["csv"], "w", newline="") as f:
+    files.write_text(paths["markdown"], markdown(chosen, table, seeds))
+    with files.atomic_open(paths["csv"], "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["method", "role", "seeds", *[f"{m}_{s}" for m in METRICS for s in ("mean", "std")],
                          "train_seconds_mean", "memory_bytes_mean"])
@@ -263,7 +264,7 @@ def write_results(folder: Path, chosen: Suite, rows: list[RunRow], seeds: int) -
             writer.writerow([method, METHODS[method].role, row["seeds"],
                              *[f"{v:.6f}" for m in METRICS for v in row[m]],
                              f"{row['train_seconds'][0]:.3f}", f"{row['memory_bytes'][0]:.0f}"])
-    with open(paths["runs"], "w", newline="") as f:
+    with files.atomic_open(paths["runs"], "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["method", "seed", *METRICS, "train_seconds", "memory_bytes", "curve", "run_dir"])
         for r in rows:
@@ -292,5 +293,5 @@ def plot_curves(chosen: Suite, table: dict[str, dict], path: Path) -> None:
     ax.set_title(f"memcl bench {chosen.name}", fontsize=9)
     ax.legend(fontsize=7, ncol=2, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -54,6 +54,7 @@ from memcl.pipeline.loop import PhaseHook, discard_unstarted, new_run_dir, strea
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundOutcome, RunResult, RunState, ensure_ray
 from memcl.pipeline.trainer_group import TrainerGroup
+from memcl_ops import files
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream, task_batches
@@ -491,17 +492,17 @@ def _run_entry(metrics: dict) -> dict:
 
 
 def write_lm_run(run_dir: Path, metrics: dict, predictions: list[dict]) -> None:
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float))
-    with open(run_dir / "predictions.jsonl", "w") as f:
+    files.write_json(run_dir / "metrics.json", metrics)
+    with files.atomic_open(run_dir / "predictions.jsonl", "w") as f:
         for row in predictions:
-            f.write(json.dumps(row) + "\n")
+            f.write(files.json_text(row, indent=None) + "\n")
     render_lm(run_dir, metrics)
 
 
 def render_lm(run_dir: Path, metrics: dict) -> None:
     """results.csv, the accuracy matrix files and prequential chart of every run and the A_last/BWT chart, from a
     metrics dict."""
-    with open(run_dir / "results.csv", "w", newline="") as f:
+    with files.atomic_open(run_dir / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "method", "budget_bytes", "a_last", "bwt", "a_mean", "prequential",
                          "final_answer_nll", "memory_bytes", "seconds"])
@@ -537,7 +538,7 @@ def _headline_chart(metrics: dict, path: Path) -> None:
     ax.set_title(f"{metrics['model']['spec']}: {len(metrics['tasks'])} tasks (seed {metrics['seed']})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import matplotlib
@@ -13,11 +12,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
+from memcl_ops import files
+
 RUN_FILES = ("config.yaml", "metrics.json", "acc_matrix.csv", "acc_matrix.png", "acc_over_time.png", "slots.png")
 
 
 def write_run(run_dir: Path, metrics: dict) -> None:
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float))
+    files.write_json(run_dir / "metrics.json", metrics)
     render(run_dir, metrics)
 
 
@@ -36,7 +37,7 @@ def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
     acc = np.array(metrics["acc_matrix"], dtype=float)
     tasks = acc.shape[1] if acc.ndim == 2 else 0
     free = metrics.get("task_free")
-    with open(run_dir / f"{prefix}acc_matrix.csv", "w", newline="") as f:
+    with files.atomic_open(run_dir / f"{prefix}acc_matrix.csv", "w", newline="") as f:
         writer = csv.writer(f)
         # numbered as people count (from 1), like every table and plot; metrics.json keeps 0-based indices
         writer.writerow([*(("after_round", "visits_ended") if free else ("after_visit", "trained_task")),
@@ -88,7 +89,7 @@ def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
     ax.set_title(_title(metrics), fontsize=9)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -106,7 +107,7 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     ax.set_title(_title(metrics), fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -131,7 +132,7 @@ def prequential_chart(metrics: dict, path: Path, rows: str = "labelled training 
                                     f"{100 * near:.1f}"), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -153,7 +154,7 @@ def _slots(metrics: dict, path: Path) -> None:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # slots come in whole numbers
     ax.set_title(_title(metrics), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

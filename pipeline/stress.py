@@ -33,6 +33,7 @@ from memcl.pipeline import preflight, runner
 from memcl.pipeline.config import ConfigError, RunConfig, load_config
 from memcl.pipeline.features import FeaturePipeline
 from memcl.pipeline.roles import ensure_ray
+from memcl_ops import files
 from memcl_ops.mars.sgse import Signal
 from memcl_ops.methods import METHODS
 from memcl_ops.rounds import plan_rounds
@@ -173,11 +174,11 @@ def checks(rows: list[dict], metrics: dict, info_novel: int, initial_slots: int,
 
 
 def write(run_dir: Path, rows: list[dict], result: dict) -> None:
-    with open(run_dir / "stress.csv", "w", newline="") as f:
+    with files.atomic_open(run_dir / "stress.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (run_dir / "stress.json").write_text(json.dumps(result, indent=2, default=float))
+    files.write_json(run_dir / "stress.json", result)
     x = np.array([r["samples"] for r in rows])
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
     axes[0, 0].plot(x, [r["slots"] for r in rows], label="slots")
@@ -198,7 +199,7 @@ def write(run_dir: Path, rows: list[dict], result: dict) -> None:
     for ax in axes[1]:
         ax.set_xlabel("samples streamed")
     fig.tight_layout()
-    fig.savefig(run_dir / "stress.png", dpi=110)
+    files.save_figure(fig, run_dir / "stress.png", dpi=110)
     plt.close(fig)
 
 

@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from memcl_ops import files
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 BEGIN, END = "<!-- default-run-table: scripts/readme_table.py writes it -->", "<!-- /default-run-table -->"
 RUNS = (("MARS", "mars"), ("finetune", "finetune"))
@@ -66,7 +68,7 @@ def main() -> int:
     text = text.replace(written, measured)
     if line_written is not None:
         text = text.replace(line_written.group(0), line_measured)
-    README.write_text(text)
+    files.write_text(README, text)
     print(measured)
     return 0
 

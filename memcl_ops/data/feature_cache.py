@@ -2,7 +2,7 @@
 
 One file per (encoder id, dataset, split, preprocessing): columns `row` (the dataset row) and
 `features` (FixedSizeList<float32>). A later run that needs rows the file lacks encodes only those and
-rewrites the file (atomically: temp file + rename) with the union.
+rewrites the file (atomically, memcl_ops/files.py) with the union.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from memcl_ops import files
 from memcl_ops.arrow.schema import column_matrix, matrix_to_arrow
 
 
@@ -67,9 +68,7 @@ class FeatureCache:
         table = pa.table({"row": pa.array(rows[order].astype(np.int64)),
                           "features": matrix_to_arrow(features[order])})
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.path(key).with_suffix(f".tmp{os.getpid()}")
-        pq.write_table(table, tmp)
-        os.replace(tmp, self.path(key))
+        files.write_parquet(table, self.path(key))
 
 
 class ContentCache:
@@ -113,9 +112,6 @@ class ContentCache:
         table = pa.table({"digest": pa.array(self.added, pa.binary()),
                           "features": matrix_to_arrow(np.stack([self.known[d] for d in self.added]))})
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{os.getpid()}-{os.urandom(6).hex()}.parquet"
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        files.write_parquet(table, self.folder / f"{os.getpid()}-{os.urandom(6).hex()}.parquet")
         added, self.added = len(self.added), []
         return added
