@@ -1,17 +1,23 @@
 """Files a reader may see, written whole or not at all: each is written to a hidden temp file in its own folder,
 flushed and fsynced, renamed over its name and the folder fsynced, so a reader (or a run resumed after a crash or a
 power cut) finds the previous version or the new one, never a part. The temp name ends in `.tmp`, so no reader that
-globs a folder for its suffix (`*.parquet`, `ckpt-*.npz`) takes a temp file left by a crash for a file."""
+globs a folder for its suffix (`*.parquet`, `ckpt-*.npz`) takes a temp file left by a crash for a file.
+
+JSON files are strict JSON (RFC 8259): a figure that is undefined (NaN) or infinite is written as null, and
+`json_safe` turns numpy scalars and arrays into plain numbers and lists."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+import numpy as np
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -63,8 +69,28 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every float that is NaN or infinite replaced by None (null: the figure is undefined), numpy
+    scalars as Python numbers and arrays as lists, recursively through dicts, lists and tuples."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
 def json_text(value: Any, indent: int | None = 2) -> str:
-    return json.dumps(value, indent=indent, default=float)
+    """Strict JSON of `value` (`json_safe`); a value JSON cannot hold raises rather than writing a non-standard
+    token."""
+    return json.dumps(json_safe(value), indent=indent, allow_nan=False)
 
 
 def write_json(path: str | Path, value: Any, indent: int | None = 2) -> None:

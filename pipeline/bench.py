@@ -33,6 +33,7 @@ from memcl.pipeline.report import accuracy_axis
 from memcl.pipeline.suites import Suite, suite
 from memcl_ops import files
 from memcl_ops.methods import METHODS, family_methods, method_spec
+from memcl_ops.metrics import figure_text
 
 TRAIN_PHASES = ("stream", "stage1", "stage2")  # wall-clock phases that make up "train time"
 METRICS = ("a_last", "a_mean", "forgetting", "bwt", "prequential", "near_future", "skipped")
@@ -69,7 +70,7 @@ class RunRow:
         online = {"prequential": prequential.get("accuracy"), "near_future": prequential.get("near_future_accuracy"),
                   "skipped": skipped if metrics.get("realtime") else None}
         return cls(metrics["method"], metrics["seed"],
-                   {**metrics["summary"], **{k: v for k, v in online.items() if v is not None}},
+                   {k: v for k, v in {**metrics["summary"], **online}.items() if v is not None},
                    [float(np.nanmean(row)) if not np.isnan(row).all() else np.nan
                     for row in np.array(metrics["acc_matrix"], dtype=float)],
                    sum(wall.get(k, 0.0) for k in TRAIN_PHASES), int(sum(metrics["memory_bytes"].values())),
@@ -131,7 +132,7 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
             rows.append(row)
             rows.sort(key=lambda r: (names.index(r.method), r.seed))
             log(f"[{chosen.name}] {row.method} seed {row.seed}: A_last "
-                f"{100 * row.summary['a_last']:.2f} (train {row.train_seconds:.0f} s; "
+                f"{figure_text(row.summary.get('a_last'))} (train {row.train_seconds:.0f} s; "
                 f"{len(rows)} of {len(runs)} runs in {time.perf_counter() - started:.0f} s)")
             write_results(folder, chosen, rows, seeds)
     finally:
@@ -200,7 +201,7 @@ def verdict_lines(table: dict[str, dict]) -> list[str]:
     if not table:
         return []
     ranked = sorted(table, key=lambda m: -table[m]["a_last"][0])
-    pct = lambda m: f"{100 * table[m]['a_last'][0]:.2f}"  # noqa: E731
+    pct = lambda m: figure_text(table[m]["a_last"][0])  # noqa: E731
     best = ranked[0]
     lines = [f"- best overall: {best} (A_last {pct(best)}, {METHODS[best].role})"]
     if len(ranked) > 1 and table[best]["seeds"] > 1:

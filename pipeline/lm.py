@@ -508,11 +508,9 @@ def render_lm(run_dir: Path, metrics: dict) -> None:
                          "final_answer_nll", "memory_bytes", "seconds"])
         for name, r in metrics["runs"].items():
             s = r["summary"]
-            a_mean = "" if s.get("a_mean") is None else f"{s['a_mean']:.4f}"
-            preq = _prequential_accuracy(r)
-            writer.writerow([name, r["method"], r["budget_bytes"] or "", f"{s['a_last']:.4f}", f"{s['bwt']:.4f}",
-                             a_mean, "" if preq is None else f"{preq:.4f}",
-                             f"{r['final_answer_nll']:.3f}",
+            writer.writerow([name, r["method"], r["budget_bytes"] or "", _csv_cell(s["a_last"]), _csv_cell(s["bwt"]),
+                             _csv_cell(s.get("a_mean")), _csv_cell(_prequential_accuracy(r)),
+                             _csv_cell(r["final_answer_nll"], ".3f"),
                              sum(r["memory_bytes"].values()),
                              f"{r['wall_seconds']['total']:.1f}"])
     for name, r in metrics["runs"].items():
@@ -530,8 +528,8 @@ def _headline_chart(metrics: dict, path: Path) -> None:
     names = list(metrics["runs"])
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(names), 3.5))
-    ax.bar(x - 0.2, [100 * metrics["runs"][n]["summary"]["a_last"] for n in names], 0.4, label="A_last")
-    ax.bar(x + 0.2, [100 * metrics["runs"][n]["summary"]["bwt"] for n in names], 0.4, label="BWT")
+    for offset, key, label in ((-0.2, "a_last", "A_last"), (0.2, "bwt", "BWT")):  # an undefined figure: no bar
+        ax.bar(x + offset, [100 * _float(metrics["runs"][n]["summary"][key]) for n in names], 0.4, label=label)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x, names, rotation=20, fontsize=8)
     ax.set_ylabel("percent")
@@ -540,6 +538,17 @@ def _headline_chart(metrics: dict, path: Path) -> None:
     fig.tight_layout()
     files.save_figure(fig, path, dpi=110)
     plt.close(fig)
+
+
+def _float(value: float | None) -> float:
+    """A figure of metrics.json as a number (null, an undefined figure: NaN)."""
+    return float("nan") if value is None else float(value)
+
+
+def _csv_cell(value: float | None, spec: str = ".4f") -> str:
+    """A figure in results.csv: empty where it is undefined."""
+    number = _float(value)
+    return format(number, spec) if np.isfinite(number) else ""
 
 
 def _prequential_accuracy(run: dict) -> float | None:
@@ -561,12 +570,12 @@ def summary_table(metrics: dict) -> str:
              "-" * len(head)]
     for name, r in metrics["runs"].items():
         final = r["acc_matrix"][-1]
-        cells = " ".join(f"{100 * v:12.1f}" for v in final)
+        cells = " ".join(f"{M.figure_text(v, '.1f'):>12}" for v in final)
         mem = ", ".join(f"{k} {v:,}" for k, v in r["memory_bytes"].items()) or "-"
         s = r["summary"]
         preq = _prequential_accuracy(r)
-        scores = (f"{100 * s['a_last']:6.1f} {100 * s['bwt']:7.1f} {'-' if preq is None else f'{100 * preq:.1f}':>6} "
-                  f"{r['final_answer_nll']:6.2f}")
+        scores = (f"{M.figure_text(s['a_last'], '.1f'):>6} {M.figure_text(s['bwt'], '.1f'):>7} "
+                  f"{M.figure_text(preq, '.1f'):>6} {M.figure_text(r['final_answer_nll'], '.2f', 1):>6}")
         lines.append(f"{name:<{width}} {scores}  {cells}   {mem}")
     for name, why in metrics.get("skipped", {}).items():
         lines.append(f"{name:<{width}} skipped: {why}")

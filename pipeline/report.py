@@ -13,6 +13,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from memcl_ops import files
+from memcl_ops.metrics import figure_text
 
 RUN_FILES = ("config.yaml", "metrics.json", "acc_matrix.csv", "acc_matrix.png", "acc_over_time.png", "slots.png")
 
@@ -129,7 +130,7 @@ def prequential_chart(metrics: dict, path: Path, rows: str = "labelled training 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
     near = prequential.get("near_future_accuracy")
     ax.set_title(_title(metrics) + ("" if near is None else f"; near-future (k={prequential['near_future']}) "
-                                    f"{100 * near:.1f}"), fontsize=9)
+                                    f"{figure_text(near, '.1f')}"), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     files.save_figure(fig, path, dpi=110)
@@ -184,16 +185,17 @@ def _class_lines(metrics: dict) -> list[str]:
 def summary_table(metrics: dict) -> str:
     acc = np.array(metrics["acc_matrix"], dtype=float)
     lines = [f"{_title(metrics)}", ""]
-    header = f"{'after visit':<12} | " + " ".join(f"task{j + 1:<3d}" for j in range(acc.shape[1]))
+    after = "after round" if metrics.get("task_free") else "after visit"
+    header = f"{after:<12} | " + " ".join(f"task{j + 1:<3d}" for j in range(acc.shape[1]))
     lines += [header, "-" * len(header)]
     for i, row in enumerate(acc):
-        cells = " ".join("   -   " if np.isnan(v) else f"{100 * v:6.1f} " for v in row)
+        cells = " ".join(f"{figure_text(v, '6.1f'):^7}" for v in row)
         lines.append(f"{row_label(metrics, i):<12} | {cells}")
     lines += _class_lines(metrics)
     s = metrics.get("summary") or {}
     if s:
         mean = "Ā online (all seen, over points)" if metrics.get("task_free") else "Ā"
-        pct = lambda v: "-" if v is None else f"{100 * v:.2f}"  # noqa: E731  (None: not every entry evaluated)
+        pct = figure_text  # "-": not every entry evaluated
         lines += ["", f"A_last {pct(s['a_last'])}   {mean} {pct(s['a_mean'])}   forgetting {pct(s['forgetting'])}   "
                       f"BWT {pct(s['bwt'])}"]
     samples = metrics["samples"]
@@ -208,9 +210,10 @@ def summary_table(metrics: dict) -> str:
     prequential = metrics.get("prequential")
     # with boundaries a class-incremental visit is predicted before any of it is learned: the line would read 0
     if prequential and prequential["rows"] and metrics.get("task_free"):
-        lines.append(f"test-then-train: prequential {100 * prequential['accuracy']:.2f} (last {prequential['window']} "
-                     f"rows {100 * prequential['window_accuracy']:.2f})   near-future (k={prequential['near_future']}) "
-                     f"{100 * prequential['near_future_accuracy']:.2f}   over {prequential['rows']} training rows")
+        lines.append(f"test-then-train: prequential {figure_text(prequential['accuracy'])} (last "
+                     f"{prequential['window']} rows {figure_text(prequential['window_accuracy'])})   near-future "
+                     f"(k={prequential['near_future']}) {figure_text(prequential['near_future_accuracy'])}   over "
+                     f"{prequential['rows']} training rows")
     slots = metrics.get("slots")
     if slots and slots["history"]:
         lines.append(f"slots {slots['history'][0][1]} -> {slots['history'][-1][1]} "
@@ -220,7 +223,7 @@ def summary_table(metrics: dict) -> str:
         visits = recovery["returning_visits"]
         lines.append(f"returning tasks ({metrics['allocation']} allocation): "
                      + ", ".join(f"task {r['task'] + 1} back in {'>=' if r['censored'] else ''}{r['steps']} steps"
-                                 for r in visits) + f"; mean {recovery['mean_steps']:.2f}")
+                                 for r in visits) + f"; mean {figure_text(recovery['mean_steps'], '.2f', 1)}")
     mem = metrics["memory_bytes"]
     lines.append("memory bytes: " + ", ".join(f"{k} {v:,}" for k, v in mem.items()))
     wall = metrics["wall_seconds"]

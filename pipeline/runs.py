@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from memcl.pipeline.config import ConfigError
+from memcl_ops.metrics import figure_text
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class RunFolder:
         a_last = None
         if metrics is not None:
             if lm:
-                scores = [r["summary"]["a_last"] for r in metrics.get("runs", {}).values() if r.get("summary")]
+                scores = [r["summary"]["a_last"] for r in metrics.get("runs", {}).values()
+                          if (r.get("summary") or {}).get("a_last") is not None]
                 a_last = max(scores) if scores else None
             elif metrics.get("summary"):
                 a_last = metrics["summary"]["a_last"]
@@ -72,7 +74,7 @@ def list_table(folders: list[RunFolder], parent: Path) -> str:
     rows = [("run", "method", "data", "status", "A_last", "size")]
     for f in folders:
         rows.append((str(f.path.relative_to(parent)), f.method, f.data,
-                     f.status, "-" if f.a_last is None else f"{100 * f.a_last:.2f}", size_text(f.size_bytes)))
+                     f.status, figure_text(f.a_last), size_text(f.size_bytes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     total = sum(f.size_bytes for f in folders)
@@ -96,7 +98,7 @@ def compare_table(paths: list[Path]) -> str:
         if "runs" in metrics:
             raise ConfigError(f"{path}: a `memcl lm` folder (its runs are side by side already: memcl report {path})")
         columns.append((path.name, metrics))
-    pct = lambda v: "-" if v is None else f"{100 * v:.2f}"  # noqa: E731
+    pct = figure_text
     rows = [("", *[name for name, _ in columns]),
             ("method", *[m["method"] for _, m in columns]),
             ("data", *[m["dataset"] for _, m in columns]),

@@ -36,6 +36,7 @@ from memcl.pipeline.roles import ensure_ray
 from memcl_ops import files
 from memcl_ops.mars.sgse import Signal
 from memcl_ops.methods import METHODS
+from memcl_ops.metrics import figure_text
 from memcl_ops.rounds import plan_rounds
 
 ALPHA = 0.05  # SGSE's per-test false-expansion bound
@@ -290,10 +291,12 @@ def table(results: list[dict]) -> str:
         delay = "-" if nv["median_delay_blocks"] is None else f"{nv['median_delay_blocks']:.0f}"
         lines.append(
             f"| {r['method']} | {r['signal']} | {r['seed']} | {s['final']} ({s['bound']:.1f}) {mark(s['holds'])} | "
-            f"{nv['false_expansions']} / {nv['revisit_tests']} = {nv['false_rate']:.4f} "
+            f"{nv['false_expansions']} / {nv['revisit_tests']} = {figure_text(nv['false_rate'], '.4f', 1)} "
             f"{mark(nv['false_rate_holds'])} | "
             f"{nv['detected']} / {nv['events']} {mark(nv['detection_holds'])} | {delay} | "
-            f"{r['monitor_ms_per_batch']:.2f} | {100 * max(r['rss_growth_10_to_100pct'].values()):+.1f} % "
-            f"{mark(r['rss_holds'])} | {tp['ratio']:.2f} {mark(tp['holds'])} | {r['kills']} / {r['recoveries']} | "
+            f"{figure_text(r['monitor_ms_per_batch'], '.2f', 1)} | "
+            f"{figure_text(max(r['rss_growth_10_to_100pct'].values(), default=None), '+.1f')} % "
+            f"{mark(r['rss_holds'])} | {figure_text(tp['ratio'], '.2f', 1)} {mark(tp['holds'])} | "
+            f"{r['kills']} / {r['recoveries']} | "
             f"{mark(r['same_as_fault_free']) if 'same_as_fault_free' in r else '-'} |")
     return "\n".join(lines)

@@ -1,15 +1,18 @@
 """Files a reader may see are replaced whole or not at all: a writer that dies partway (here a child process killed
-by the kernel's file-size limit, SIGXFSZ, in the middle of writing) leaves the previous file as it was."""
+by the kernel's file-size limit, SIGXFSZ, in the middle of writing) leaves the previous file as it was; JSON files
+are strict JSON, null where a figure is undefined."""
 
 import json
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from memcl.pipeline import report
 from memcl_ops import files
+from memcl_ops.metrics import figure_text
 
 WRITER = textwrap.dedent("""
     import resource, sys
@@ -48,3 +51,13 @@ def test_report_files_are_written_whole(tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["acc_matrix"] == [[0.5, 0.25]]
     assert (tmp_path / "acc_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the format from the suffix
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_json_files_hold_null_where_a_figure_is_undefined(tmp_path):
+    value = {"bwt": float("nan"), "ratio": float("inf"), "acc": np.array([[0.5, np.nan]]), "n": np.int64(3),
+             "ok": np.bool_(True), "x": np.float32(0.25), "rows": [(1, -float("inf"))]}
+    files.write_json(tmp_path / "m.json", value)
+    strict = json.loads((tmp_path / "m.json").read_text(), parse_constant=lambda token: pytest.fail(token))
+    assert strict == {"bwt": None, "ratio": None, "acc": [[0.5, None]], "n": 3, "ok": True, "x": 0.25,
+                      "rows": [[1, None]]}
+    assert [figure_text(v) for v in (None, float("nan"), 0.1234, float("-inf"))] == ["-", "-", "12.34", "-"]
