@@ -45,7 +45,7 @@ import ray
 from memcl.actors.lm_encoder import LMEncoder
 from memcl.actors.lm_trainer import LMTrainer
 from memcl.actors.memory_manager import MemoryManager
-from memcl.pipeline import checkpoint, preflight, report
+from memcl.pipeline import checkpoint, preflight, report, run_folder
 from memcl.pipeline.actor_cache import FAULTS, ActorCache, failed_to_start
 from memcl.pipeline.config import ConfigError, Placement, RuntimeConfig, dump_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
@@ -417,7 +417,10 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
     specs, tasks = check_config(config)  # before Ray starts: a bad config fails at once, with one line
     own, given_dir = actors is None, run_dir
     actors = actors or ActorCache()
+    lock = None
     try:
+        if run_dir is not None and run_dir.is_dir():  # a resume: refused before Ray starts if another process runs it
+            lock = run_folder.RunLock(run_dir)
         started = time.perf_counter()
         ensure_ray(config)
         rt = config.runtime
@@ -425,7 +428,9 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
                              preflight.LM_COPIES)
         bars = Progress(enabled=rt.progress if progress is None else progress)
         run_dir = run_dir or new_run_dir(rt.out, f"lm-{config.model.name}-s{config.seed}")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if not run_dir.is_dir():
+            run_folder.create(run_dir)
+        lock = lock or run_folder.RunLock(run_dir)  # held while this process runs it (`memcl runs clean` leaves it)
         if not resumed:
             dump_config(config, run_dir / "config.yaml")
         try:
@@ -480,6 +485,8 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
         metrics["run_dir"] = str(run_dir)
         return LMResult(run_dir, runs, metrics)
     finally:
+        if lock is not None:
+            lock.release()
         if own:
             actors.close()
 

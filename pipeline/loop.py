@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from memcl.pipeline import checkpoint, report
+from memcl.pipeline import checkpoint, report, run_folder
 from memcl.pipeline.actor_cache import ActorRestarted, is_fault
 from memcl.pipeline.chaos import Chaos
 from memcl.pipeline.config import ConfigError, RuntimeConfig
@@ -60,8 +60,7 @@ def new_run_dir(out: str, name: str) -> Path:
     path, n = base, 1
     while True:
         try:
-            path.mkdir(parents=True)
-            return path
+            return run_folder.create(path)  # with the marker that lets `memcl runs clean` remove it
         except FileExistsError:
             path, n = base.with_name(f"{base.name}-{n}"), n + 1
 
