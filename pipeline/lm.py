@@ -453,6 +453,10 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
                 except Exception as err:  # this (method, budget) cannot run (a budget too small for one entry)
                     if not (isinstance(err, ValueError) or failed_to_start(err)):
                         raise
+                    kept = sorted((folder / "checkpoints").glob("ckpt-*.npz"))
+                    if kept:  # a run that committed a round is never skipped: its folder and checkpoint stay
+                        raise ConfigError(f"{spec.name}: the run cannot go on from its checkpoint {kept[-1]} "
+                                          f"({one_line(err)[0]}); the checkpoint is kept") from err
                     skipped[spec.name] = one_line(err)[0]
                     log.warning("memcl lm: skipped %s: %s", spec.name, skipped[spec.name])
                     shutil.rmtree(folder, ignore_errors=True)
