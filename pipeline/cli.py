@@ -146,7 +146,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(lm.summary_table(metrics))
         return 0
     report.render(run_dir, metrics)
-    print(report.summary_table(metrics))
+    print(report.summary_table(metrics, run_dir))
     return 0
 
 

@@ -182,14 +182,25 @@ def _class_lines(metrics: dict) -> list[str]:
                    for t, classes in enumerate(tasks)]
 
 
-def summary_table(metrics: dict) -> str:
+SUMMARY_ROWS = 10  # accuracy-matrix rows the printed summary shows (the last ones); acc_matrix.csv has them all
+
+
+def summary_table(metrics: dict, run_dir: str | Path | None = None) -> str:
+    """The run's summary as printed: the last `SUMMARY_ROWS` rows of the accuracy matrix (a line says how many are
+    left out and names the CSV that holds them all: in `run_dir`, by default the metrics' own), the headline, samples,
+    memory and time."""
     acc = np.array(metrics["acc_matrix"], dtype=float)
     lines = [f"{_title(metrics)}", ""]
     after = "after round" if metrics.get("task_free") else "after visit"
     header = f"{after:<12} | " + " ".join(f"task{j + 1:<3d}" for j in range(acc.shape[1]))
     lines += [header, "-" * len(header)]
-    for i, row in enumerate(acc):
-        cells = " ".join(f"{figure_text(v, '6.1f'):^7}" for v in row)
+    first = max(len(acc) - SUMMARY_ROWS, 0)
+    if first:
+        folder = run_dir or metrics.get("run_dir")
+        where = Path(folder) / "acc_matrix.csv" if folder else "acc_matrix.csv in the run folder"
+        lines.append(f"({first} earlier rows left out; every row: {where})")
+    for i in range(first, len(acc)):
+        cells = " ".join(f"{figure_text(v, '6.1f'):^7}" for v in acc[i])
         lines.append(f"{row_label(metrics, i):<12} | {cells}")
     lines += _class_lines(metrics)
     s = metrics.get("summary") or {}
