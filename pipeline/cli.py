@@ -398,14 +398,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except RunInterrupted as stop:
-        print(f"\nmemcl: interrupted; continue the run with: {stop.command} --resume {stop.run_dir}", file=sys.stderr)
+        print(f"\nmemcl: interrupted; {stop.next_step}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("\nmemcl: interrupted", file=sys.stderr)
         return 130
     except RunStopped as stop:
-        print(f"memcl: error: {stop.why}; continue the run with: {stop.command} --resume {stop.run_dir}",
-              file=sys.stderr)
+        print(f"memcl: error: {stop.why}; {stop.next_step}", file=sys.stderr)
         return 1
     except Exception as err:
         if args.debug:

@@ -31,7 +31,9 @@ import ray
 
 from memcl.pipeline import preflight, runner
 from memcl.pipeline.config import ConfigError, RunConfig, load_config
+from memcl.pipeline.errors import RunInterrupted, RunStopped
 from memcl.pipeline.features import FeaturePipeline
+from memcl.pipeline.loop import discard_unstarted, new_run_dir
 from memcl.pipeline.roles import ensure_ray
 from memcl_ops import files
 from memcl_ops.mars.sgse import Signal
@@ -218,11 +220,29 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
     event_starts = [v * per_visit for v in drift.novel_visits()]
     sampler = Sampler([sum(drift.batch_rows(i) for _, i in r) for r in rounds], config.method.router.initial_slots,
                       event_starts)
-    metrics = runner.run(config, actors=actors, on_round=sampler).metrics
+    signal = spec.resolve(config.method).sgse.signal
+    # the drift stream's name ends in its own seed: the run's seed is named only where it differs
+    run_dir = new_run_dir(config.runtime.out, f"{spec.name}-{signal}-{info.name}{'-taskfree' if task_free else ''}"
+                          f"{'-chaos' if config.runtime.chaos_seconds else ''}"
+                          f"{'' if config.seed == config.data.drift.seed else f'-seed{config.seed}'}")
+    try:
+        metrics = runner.run(config, run_dir=run_dir, actors=actors, on_round=sampler).metrics
+    except (RunStopped, RunInterrupted) as stop:
+        # a stress run keeps its resource samples in memory: `memcl run --resume` finishes the stream, not the checks
+        next_step = (f"memcl stress does not resume a run; `memcl run --resume {run_dir}` finishes its stream without "
+                     "the stress samples and checks, or run memcl stress again"
+                     + (" with a longer --chaos interval or a larger runtime.max_recoveries"
+                        if config.runtime.chaos_seconds and isinstance(stop, RunStopped) else ""))
+        if isinstance(stop, RunStopped):
+            raise RunStopped(stop.why, run_dir, next_step=next_step) from stop
+        raise RunInterrupted(run_dir, next_step=next_step) from None
+    except Exception:
+        discard_unstarted(run_dir)
+        raise
     expansion_steps = [e["test_step"] for e in metrics["slots"]["expansions"]]
     detection = novelty(event_starts, per_visit, sampler.test_steps, expansion_steps, config.method.sgse.block_size)
     result = {"tasks": tasks, "task_free": task_free, "distinct_tasks": config.data.drift.tasks,
-              "method": config.method.name, "signal": spec.resolve(config.method).sgse.signal,
+              "method": config.method.name, "signal": signal,
               "seed": config.data.drift.seed,
               "samples": metrics["samples"], "wall_seconds": metrics["wall_seconds"]["total"],
               "kills": metrics.get("chaos", {}).get("kills", 0), "recoveries": metrics["recoveries"],
