@@ -52,7 +52,7 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
     actors = actors or ActorCache()
     lock = None
     try:
-        if run_dir is not None and run_dir.is_dir():  # a resume: refused before Ray starts if another process runs it
+        if run_dir is not None and run_dir.is_dir():  # a folder given (a resume): refused before Ray if in use
             lock = run_folder.RunLock(run_dir)
         started = time.perf_counter()
         ensure_ray(config)

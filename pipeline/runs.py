@@ -26,7 +26,7 @@ class RunFolder:
     kind: str  # "run" (memcl run) or "lm" (memcl lm: several runs side by side)
     method: str
     data: str
-    # "finished" (metrics.json written), "running" (its lock held), "stopped" (checkpoints: resumable), "empty"
+    # "running" (its lock held), "finished" (metrics.json written), "stopped" (checkpoints: resumable), "empty"
     status: str
     a_last: float | None  # the headline (the best run's, for an lm folder)
     size_bytes: int
@@ -54,7 +54,7 @@ class RunFolder:
             elif metrics.get("summary"):
                 a_last = metrics["summary"]["a_last"]
         checkpoints = any(path.rglob("ckpt-*.npz"))
-        status = ("finished" if metrics is not None else "running" if run_folder.holder(path) is not None
+        status = ("running" if run_folder.holder(path) is not None else "finished" if metrics is not None
                   else "stopped" if checkpoints else "empty")
         files = [f for f in path.rglob("*") if f.is_file()]
         return cls(path, "lm" if lm else "run", method, data, status, a_last, sum(f.stat().st_size for f in files),
