@@ -4,7 +4,6 @@ shows the full traceback of an error (otherwise an error is one line on stderr a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -138,7 +137,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from memcl.pipeline import preflight, report
 
     run_dir = preflight.run_folder(args.run_dir, "metrics.json")
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = report.read_metrics(run_dir / "metrics.json")
     if "runs" in metrics:  # a `memcl lm` folder: several runs side by side
         from memcl.pipeline import lm
 

@@ -31,7 +31,6 @@ last task learned before theirs).
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import shutil
 import time
@@ -443,7 +442,7 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
             for spec in specs:
                 folder = run_dir / "runs" / spec.name.replace("@", "_")
                 if resumed and (folder / "metrics.json").is_file():
-                    runs[spec.name] = RunResult.of(folder, json.loads((folder / "metrics.json").read_text()))
+                    runs[spec.name] = RunResult.of(folder, report.read_metrics(folder / "metrics.json"))
                     continue
                 folder.mkdir(parents=True, exist_ok=True)
                 try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import matplotlib
@@ -21,6 +22,18 @@ RUN_FILES = ("config.yaml", "metrics.json", "acc_matrix.csv", "acc_matrix.png", 
 def write_run(run_dir: Path, metrics: dict) -> None:
     files.write_json(run_dir / "metrics.json", metrics)
     render(run_dir, metrics)
+
+
+def read_metrics(path: Path) -> dict:
+    """A metrics.json as the run held it: its matrices of figures (`acc_matrix`, `nll_matrix`, the anytime
+    `matrix`) with NaN where the file, strict JSON, has null for an undefined figure."""
+    def restore(value, key: str = ""):
+        if isinstance(value, dict):
+            return {k: restore(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [np.nan if v is None and key.endswith("matrix") else restore(v, key) for v in value]
+        return value
+    return restore(json.loads(Path(path).read_text()))
 
 
 def render(run_dir: Path, metrics: dict) -> None:

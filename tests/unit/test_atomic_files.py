@@ -61,3 +61,15 @@ def test_json_files_hold_null_where_a_figure_is_undefined(tmp_path):
     assert strict == {"bwt": None, "ratio": None, "acc": [[0.5, None]], "n": 3, "ok": True, "x": 0.25,
                       "rows": [[1, None]]}
     assert [figure_text(v) for v in (None, float("nan"), 0.1234, float("-inf"))] == ["-", "-", "12.34", "-"]
+
+
+def test_metrics_read_back_hold_nan_in_their_matrices_and_keep_none_elsewhere(tmp_path):
+    """A run read back from its folder (a finished run that `memcl lm --resume` does not run again) has the matrices
+    the run computed, NaN where the file holds null, and its other nulls (a summary figure not defined) as None."""
+    metrics = {"method": "m", "dataset": "d", "seed": 0, "visits": [0, 1], "rows": [], "task_classes": [[0], [1]],
+               "acc_matrix": [[0.5, np.nan], [0.25, 0.75]], "summary": {"a_last": 0.5, "a_mean": None},
+               "runs": {"x": {"nll_matrix": [[1.0, float("nan")]]}}}
+    report.write_run(tmp_path, metrics)
+    back = report.read_metrics(tmp_path / "metrics.json")
+    np.testing.assert_array_equal(np.array(back["acc_matrix"]), np.array(metrics["acc_matrix"]))  # NaN == NaN here
+    assert back["summary"] == {"a_last": 0.5, "a_mean": None} and np.isnan(back["runs"]["x"]["nll_matrix"][0][1])
