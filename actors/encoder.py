@@ -37,7 +37,8 @@ class Encoder:
         return torch.device(getattr(self.encoder, "device", "cpu"))
 
     def info(self) -> dict:
-        return {"id": self.encoder.id, "dim": self.encoder.dim, "payload": self.encoder.payload,
+        return {"id": self.encoder.id, "fingerprint": self.encoder.fingerprint, "dim": self.encoder.dim,
+                "payload": self.encoder.payload,
                 "device": str(self.device), "node": ray.get_runtime_context().get_node_id()}
 
     @ray.method(num_returns=2)
@@ -58,7 +59,7 @@ class Encoder:
     def use_cache(self, root: str) -> None:
         """Look features up by payload digest in the content cache under `root` before encoding (in-line encoding of
         rows without a dataset index: an `arrow:` folder)."""
-        self.cache = ContentCache(root, self.encoder.id)
+        self.cache = ContentCache(root, self.encoder.id, self.encoder.fingerprint)
 
     def flush_cache(self) -> int:
         """Write the rows encoded since the last flush into the content cache; returns how many."""

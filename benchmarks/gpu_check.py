@@ -63,6 +63,7 @@ from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import EncoderPoolConfig, Placement, RunConfig, RuntimeConfig, load_config
 from memcl.pipeline.encoder_pool import EncoderPool
 from memcl.pipeline.lm import LMRunConfig
+from memcl_ops import files
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec
 from memcl_ops.head_training import Stage2Config
@@ -110,7 +111,7 @@ FULL = Sizes(raw_px=64, efficientnet_px=224, clip="ViT-B-16", batch=256, calls=8
 def tiny_sizes(root: Path) -> Sizes:
     """Sizes for a CPU smoke run of every path in seconds; the tiny ViT's config is written under `root`."""
     vit = root / "memcl-tiny-vit.json"  # open_clip registers a config file under its stem
-    vit.write_text(json.dumps({"embed_dim": 16,
+    files.write_text(vit, json.dumps({"embed_dim": 16,
                                "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8,
                                               "head_width": 16},
                                "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 16, "heads": 1,

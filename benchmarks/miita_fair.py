@@ -37,8 +37,10 @@ import numpy as np
 from memcl.pipeline import lm, runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RuntimeConfig
+from memcl_ops import files
 from memcl_ops.data import superni
 from memcl_ops.data.lm_tasks import OPEN_ANSWERS, PARTLY_CAPABLE, LMStreamSpec
+from memcl_ops.metrics import figure_text
 from memcl_ops.miita.directions import prototype_bytes
 from memcl_ops.models.causal_lm import LMSpec
 
@@ -107,8 +109,9 @@ def given_knobs(pairs: list[str]) -> dict:
 
 def summarise(runs: list[dict]) -> dict:
     """Mean and std over seeds of one (method, budget)'s scores."""
-    def stat(values: list[float]) -> list[float]:
-        return [float(np.mean(values)), float(np.std(values))]
+    def stat(values: list[float | None]) -> list[float]:
+        a = np.asarray(values, dtype=np.float64)  # null in metrics.json (an undefined figure): NaN
+        return [float(np.mean(a)), float(np.std(a))]
     first = runs[0]
     return {"method": first["method"], "budget_bytes": first["budget_bytes"], "seeds": len(runs),
             "a_last": stat([r["summary"]["a_last"] for r in runs]), "bwt": stat([r["summary"]["bwt"] for r in runs]),
@@ -135,7 +138,7 @@ def from_run_folders(out: Path) -> dict[str, list[dict]]:
 
 
 def markdown(name: str, rows: dict[str, dict], knobs: dict) -> str:
-    pct = lambda s: f"{100 * s[0]:.1f} ± {100 * s[1]:.1f}"  # noqa: E731
+    pct = lambda s: f"{figure_text(s[0], '.1f')} ± {figure_text(s[1], '.1f')}"  # noqa: E731
     lines = [f"### {name} (MIITA knobs from dev: {knobs})", "",
              "| run | A_last (OP) | exact | first word | label-restricted | ROUGE-L | BWT | prompt tokens | ms / query "
              "| bytes |",
@@ -214,7 +217,7 @@ def main() -> None:
         actors.close()
     report["seconds"] = time.perf_counter() - started
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    Path(args.out, "fair.json").write_text(json.dumps(report, indent=2))
+    files.write_json(Path(args.out, "fair.json"), report)
     print(f"{report['seconds']:.0f} s; {Path(args.out, 'fair.json')}")
 
 

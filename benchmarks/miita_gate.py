@@ -15,7 +15,6 @@ per stream and level, MIITA's margin over the base, and the gate level whose wor
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from dataclasses import replace
@@ -29,6 +28,7 @@ import numpy as np
 from benchmarks.miita_fair import base_config, streams, with_knobs
 from memcl.pipeline import runner
 from memcl.pipeline.actor_cache import ActorCache
+from memcl_ops import files
 
 LEVELS = ("off", "0", "0.1", "0.25")
 # answer positions per stream as the dev grids of benchmarks/RESULTS.md chose them (open: the default, 8)
@@ -91,7 +91,7 @@ def main() -> None:
     print(f"\nchosen min_advantage: {best} (the highest worst margin over the base, then the best mean); "
           f"{seconds:.0f} s")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    Path(args.out, "gate.json").write_text(json.dumps({"table": table, "chosen": best, "seconds": seconds}, indent=2))
+    files.write_json(Path(args.out, "gate.json"), {"table": table, "chosen": best, "seconds": seconds})
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from memcl.pipeline import lm, runner
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import load_config
+from memcl_ops.metrics import figure_text
 
 
 def markdown(metrics: dict, extra: dict[float, dict]) -> str:
@@ -33,10 +34,11 @@ def markdown(metrics: dict, extra: dict[float, dict]) -> str:
         rows += [(f"{name} (η={step})", r) for name, r in m["runs"].items()]
     for name, r in rows:
         budget = f"{r['budget_bytes'] // 1024} KiB" if r["budget_bytes"] else "-"
-        final = " | ".join(f"{100 * v:.1f}" for v in r["acc_matrix"][-1])
+        final = " | ".join(figure_text(v, ".1f") for v in r["acc_matrix"][-1])
         mem = ", ".join(f"{k} {v:,}" for k, v in r["memory_bytes"].items()) or "0"
         s = r["summary"]
-        scores = f"{100 * s['a_last']:.1f} | {100 * s['bwt']:.1f} | {r['final_answer_nll']:.2f}"
+        scores = (f"{figure_text(s['a_last'], '.1f')} | {figure_text(s['bwt'], '.1f')} | "
+                  f"{figure_text(r['final_answer_nll'], '.2f', 1)}")
         lines.append(f"| {name} | {budget} | {scores} | {final} | {mem} | {r['wall_seconds']['total']:.0f} |")
     runs = metrics["runs"]
     lines.append("")

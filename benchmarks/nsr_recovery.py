@@ -20,7 +20,6 @@ active. Tracking stops at the end of the visit: a task not back by then is censo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 
 from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
+from memcl_ops import files
 
 CONFIG = Path(__file__).resolve().parents[1] / "pipeline" / "configs" / "nsr-bbc-cyclic.yaml"
 ALLOCATIONS = ("bank", "fresh", "keep")
@@ -176,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
           "at each store: " + "; ".join(" ".join(f"{100 * a:.0f}/{100 * b:.0f}" for a, b in
                                                  zip(r["live_accuracy"], r["stored_accuracy"])) for r in banks))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1, default=float)
+        files.write_json(args.json, rows, indent=1)
     return 0
 
 

@@ -129,3 +129,11 @@ def anytime_summary(anytime: np.ndarray, row_visits: list[int], visits: list[int
             "task_end_matrix": r.tolist(),
             "forward_transfer": float(np.triu(r, 1).sum() / pairs) if n > 1 else 0.0,
             "backward_transfer": float(np.tril(r - np.diag(r)[None, :], -1).sum() / pairs) if n > 1 else 0.0}
+
+
+def figure_text(value: float | None, spec: str = ".2f", scale: float = 100.0) -> str:
+    """A figure as a table prints it: `value * scale` in the format `spec` (percent by default), or "-" where it is
+    undefined (None, which metrics.json holds for it, or NaN) or infinite."""
+    if value is None or not np.isfinite(value):
+        return "-"
+    return format(scale * value, spec)

@@ -75,9 +75,51 @@ def refusal(err: BaseException, address: str) -> ConfigError | None:
     text = " ".join(f"{type(e).__name__} {e}" for e in chain)
     if "AuthenticationError" not in text and "InvalidAuthToken" not in text:
         return None
+    return _refused(address)
+
+
+def _refused(address: str) -> ConfigError:
     # Ray reads RAY_AUTH_TOKEN first, then the file RAY_AUTH_TOKEN_PATH names, then its default path
     where = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN")
              else os.environ.get("RAY_AUTH_TOKEN_PATH") or str(default_token_path()))
     what = "refused the token from" if has_token() else "needs its token, and none was found in"
     return ConfigError(f"the Ray cluster at {address} {what} {where}: copy the cluster's token into a file "
                        "readable by you only and set RAY_AUTH_TOKEN_PATH to it (docs/guide.md, 'Running on a cluster')")
+
+
+def _token() -> str | None:
+    """The token Ray would send, found where Ray looks (None: none, or token authentication off here)."""
+    if os.environ.get(MODE, "").lower() != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or default_token_path())
+    return path.read_text().strip() if path.is_file() else None
+
+
+def check_token(address: str, timeout: float = 5.0) -> None:
+    """Ask the GCS of the cluster at `address` (host:port, or `auto` as Ray resolves it) for its id with the token
+    this process would join with, before `ray.init`: a refusal is the one-line ConfigError at once, where Ray itself
+    would retry for about 20 s and log a line per try. Anything else (an address that does not resolve or answer, a
+    Ray Client address, no gRPC here) is left to `ray.init` and its own errors."""
+    if address.startswith("ray://"):
+        return
+    try:
+        import grpc
+        from ray._private.services import canonicalize_bootstrap_address
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+        target = canonicalize_bootstrap_address(address)
+    except Exception:  # a private Ray API, or no grpc here: ray.init says what is wrong
+        return
+    if target is None:
+        return
+    token = _token()
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    with grpc.insecure_channel(target) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout, metadata=metadata)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise _refused(address) from None

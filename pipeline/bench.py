@@ -31,7 +31,9 @@ from memcl.pipeline.config import ConfigError, RunConfig, load_config
 from memcl.pipeline.features import encode_stream
 from memcl.pipeline.report import accuracy_axis
 from memcl.pipeline.suites import Suite, suite
+from memcl_ops import files
 from memcl_ops.methods import METHODS, family_methods, method_spec
+from memcl_ops.metrics import figure_text
 
 TRAIN_PHASES = ("stream", "consolidate")  # wall-clock phases that make up "train time"
 METRICS = ("a_last", "a_mean", "forgetting", "bwt", "prequential", "near_future", "let_go")
@@ -68,7 +70,7 @@ class RunRow:
         online = {"prequential": prequential.get("accuracy"), "near_future": prequential.get("near_future_accuracy"),
                   "let_go": let_go}
         return cls(metrics["method"], metrics["seed"],
-                   {**metrics["summary"], **{k: v for k, v in online.items() if v is not None}},
+                   {k: v for k, v in {**metrics["summary"], **online}.items() if v is not None},
                    [float(np.nanmean(row)) if not np.isnan(row).all() else np.nan
                     for row in np.array(metrics["acc_matrix"], dtype=float)],
                    sum(wall.get(k, 0.0) for k in TRAIN_PHASES), int(sum(metrics["memory_bytes"].values())),
@@ -130,7 +132,7 @@ def bench(name: str, *, seeds: int = 3, methods: list[str] | None = None, out: s
             rows.append(row)
             rows.sort(key=lambda r: (names.index(r.method), r.seed))
             log(f"[{chosen.name}] {row.method} seed {row.seed}: A_last "
-                f"{100 * row.summary['a_last']:.2f} (train {row.train_seconds:.0f} s; "
+                f"{figure_text(row.summary.get('a_last'))} (train {row.train_seconds:.0f} s; "
                 f"{len(rows)} of {len(runs)} runs in {time.perf_counter() - started:.0f} s)")
             write_results(folder, chosen, rows, seeds)
     finally:
@@ -199,7 +201,7 @@ def verdict_lines(table: dict[str, dict]) -> list[str]:
     if not table:
         return []
     ranked = sorted(table, key=lambda m: -table[m]["a_last"][0])
-    pct = lambda m: f"{100 * table[m]['a_last'][0]:.2f}"  # noqa: E731
+    pct = lambda m: figure_text(table[m]["a_last"][0])  # noqa: E731
     best = ranked[0]
     lines = [f"- best overall: {best} (A_last {pct(best)}, {METHODS[best].role})"]
     if len(ranked) > 1 and table[best]["seeds"] > 1:
@@ -255,8 +257,8 @@ def write_results(folder: Path, chosen: Suite, rows: list[RunRow], seeds: int) -
     table = aggregate(rows)
     paths = {"markdown": folder / "results.md", "csv": folder / "results.csv", "runs": folder / "runs.csv",
              "curves": folder / "curves.png"}
-    paths["markdown"].write_text(markdown(chosen, table, seeds))
-    with open(paths["csv"], "w", newline="") as f:
+    files.write_text(paths["markdown"], markdown(chosen, table, seeds))
+    with files.atomic_open(paths["csv"], "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["method", "role", "seeds", *[f"{m}_{s}" for m in METRICS for s in ("mean", "std")],
                          "train_seconds_mean", "memory_bytes_mean"])
@@ -264,7 +266,7 @@ def write_results(folder: Path, chosen: Suite, rows: list[RunRow], seeds: int) -
             writer.writerow([method, METHODS[method].role, row["seeds"],
                              *[f"{v:.6f}" for m in METRICS for v in row[m]],
                              f"{row['train_seconds'][0]:.3f}", f"{row['memory_bytes'][0]:.0f}"])
-    with open(paths["runs"], "w", newline="") as f:
+    with files.atomic_open(paths["runs"], "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["method", "seed", *METRICS, "train_seconds", "memory_bytes", "curve", "run_dir"])
         for r in rows:
@@ -293,5 +295,5 @@ def plot_curves(chosen: Suite, table: dict[str, dict], path: Path) -> None:
     ax.set_title(f"memcl bench {chosen.name}", fontsize=9)
     ax.legend(fontsize=7, ncol=2, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)

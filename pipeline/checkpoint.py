@@ -1,8 +1,8 @@
 """Atomic, checksummed checkpoints of every actor's state (dicts of numpy arrays) plus the runner's own.
 
-Layout: `<dir>/ckpt-<seq>.npz` and its `<dir>/ckpt-<seq>.sha256`. Each file is written to a temp name,
-fsynced and renamed; the checksum is written last, so a checkpoint without a matching checksum is
-incomplete or corrupt and is refused. `latest_valid` falls back to the newest good one.
+Layout: `<dir>/ckpt-<seq>.npz` and its `<dir>/ckpt-<seq>.sha256`. Each file is written to a temp name, fsynced
+and renamed, and the folder fsynced (memcl_ops/files.py); the checksum is written last, so a checkpoint without a
+matching checksum is incomplete or corrupt and is refused. `latest_valid` falls back to the newest good one.
 """
 
 from __future__ import annotations
@@ -10,26 +10,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import warnings
 from pathlib import Path
 
 import numpy as np
+
+from memcl_ops import files
 
 State = dict[str, np.ndarray]
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated or does not match its checksum."""
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write(directory: Path, seq: int, parts: dict[str, State], meta: dict, keep: int = 2) -> Path:
@@ -41,8 +33,8 @@ def write(directory: Path, seq: int, parts: dict[str, State], meta: dict, keep: 
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
     path = directory / f"ckpt-{seq:06d}.npz"
-    _atomic_write(path, data)
-    _atomic_write(path.with_suffix(".sha256"), hashlib.sha256(data).hexdigest().encode())
+    files.write_bytes(path, data)
+    files.write_bytes(path.with_suffix(".sha256"), hashlib.sha256(data).hexdigest().encode())
     for old in sorted(directory.glob("ckpt-*.npz"))[:-keep]:
         old.unlink(missing_ok=True)
         old.with_suffix(".sha256").unlink(missing_ok=True)

@@ -4,7 +4,6 @@ shows the full traceback of an error (otherwise an error is one line on stderr a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -143,7 +142,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from memcl.pipeline import preflight, report
 
     run_dir = preflight.run_folder(args.run_dir, "metrics.json")
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = report.read_metrics(run_dir / "metrics.json")
     if "runs" in metrics:  # a `memcl lm` folder: several runs side by side
         from memcl.pipeline import lm
 
@@ -151,7 +150,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(lm.summary_table(metrics))
         return 0
     report.render(run_dir, metrics)
-    print(report.summary_table(metrics))
+    print(report.summary_table(metrics, run_dir))
     return 0
 
 
@@ -164,10 +163,36 @@ def cmd_runs(args: argparse.Namespace) -> int:
     elif args.action == "compare":
         print(runs.compare_table([Path(p) for p in args.folders]))
     else:
-        removed = runs.clean(parent, args.unfinished, args.older_than)
-        for f in removed:
-            print(f"removed {f.path} ({f.status}, {runs.size_text(f.size_bytes)})")
-        print(f"{len(removed)} run folders removed")
+        return clean_runs(args)
+    return 0
+
+
+def clean_runs(args: argparse.Namespace) -> int:
+    """`memcl runs clean`: list what would go and what stays (and why), ask, then remove."""
+    from memcl.pipeline import runs
+    from memcl.pipeline.config import ConfigError
+
+    plan, kept = runs.clean_plan(Path(args.out), args.unfinished, args.older_than, [Path(p) for p in args.folders])
+    for f, why in kept:
+        print(f"keeping {f.path}: {why}")
+    if not plan:
+        print("no run folders to remove")
+        return 0
+    total = runs.size_text(sum(f.size_bytes for f in plan))
+    for f in plan:
+        print(f"to remove: {f.path} ({f.status}, {runs.size_text(f.size_bytes)})")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(f"memcl runs clean: {len(plan)} run folders to remove ({total}) and no terminal to ask "
+                              "on; pass --yes to remove them")
+        if input(f"remove these {len(plan)} run folders ({total})? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    removed = runs.remove(plan)
+    for f in plan:
+        if f not in removed:
+            print(f"keeping {f.path}: a run started in it meanwhile")
+    print(f"{len(removed)} run folders removed ({runs.size_text(sum(f.size_bytes for f in removed))})")
     return 0
 
 
@@ -312,12 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
     rs = command("runs", "list the run folders, compare runs side by side, or remove unfinished or old ones")
     rs.add_argument("action", nargs="?", default="list", choices=["list", "compare", "clean"],
                     help="list (default): every run under --out with its method, data, status, A_last and size; "
-                         "compare RUN RUN...: finished runs side by side; clean: remove what --unfinished / "
-                         "--older-than select")
-    rs.add_argument("folders", nargs="*", metavar="RUN", help="compare: the run folders")
+                         "compare RUN RUN...: finished runs side by side; clean [RUN...]: remove what "
+                         "--unfinished / --older-than select, or the runs named, after asking (never a folder memcl "
+                         "did not create, nor a run in progress; a resumable run only when named)")
+    rs.add_argument("folders", nargs="*", metavar="RUN",
+                    help="compare: the run folders; clean: remove these run folders (a resumable one too)")
     rs.add_argument("--out", default="runs", help="the parent folder of the runs (default: runs)")
-    rs.add_argument("--unfinished", action="store_true", help="clean: the runs that never finished (stopped, empty)")
+    rs.add_argument("--unfinished", action="store_true", help="clean: the runs that never finished")
     rs.add_argument("--older-than", type=float, metavar="DAYS", help="clean: the runs last written DAYS ago or more")
+    rs.add_argument("--yes", action="store_true",
+                    help="clean: remove without asking (needed where stdin is no terminal)")
     rs.set_defaults(func=cmd_runs)
 
     rep = command("report", "re-render the tables and plots of a run folder")
@@ -361,20 +390,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse takes `memcl runs`' positionals at their first appearance: run folders after an option come back here
+    if extra and args.func is cmd_runs and not any(e.startswith("-") for e in extra):
+        args.folders += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
 
     try:
         return args.func(args)
     except RunInterrupted as stop:
-        print(f"\nmemcl: interrupted; continue the run with: {stop.command} --resume {stop.run_dir}", file=sys.stderr)
+        print(f"\nmemcl: interrupted; {stop.next_step}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("\nmemcl: interrupted", file=sys.stderr)
         return 130
     except RunStopped as stop:
-        print(f"memcl: error: {stop.why}; continue the run with: {stop.command} --resume {stop.run_dir}",
-              file=sys.stderr)
+        print(f"memcl: error: {stop.why}; {stop.next_step}", file=sys.stderr)
         return 1
     except Exception as err:
         if args.debug:

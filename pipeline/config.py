@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from memcl_ops import files
 from memcl_ops.data.sources import SourceSpec
 from memcl_ops.data.streams import StreamSpec
 from memcl_ops.method_config import MethodConfig
@@ -252,7 +253,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 
 def dump_config(config: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    files.write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def describe(config: Any) -> str:

@@ -42,6 +42,11 @@ class EncoderPool:
         return self.info[0]["id"]
 
     @property
+    def fingerprint(self) -> str:
+        """The digest of the encoder's weights and preprocessing (memcl_ops/models/encoders.py)."""
+        return self.info[0]["fingerprint"]
+
+    @property
     def dim(self) -> int:
         return self.info[0]["dim"]
 

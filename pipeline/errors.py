@@ -8,20 +8,23 @@ from pathlib import Path
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; `run_dir` is the folder `<command> --resume` continues from its last checkpoint."""
+    """Ctrl-C during a run; `run_dir` is the folder `<command> --resume` continues from its last checkpoint.
+    `next_step`: what to do instead, where that command is not the one that continues it."""
 
-    def __init__(self, run_dir: Path, command: str = "memcl run"):
+    def __init__(self, run_dir: Path, command: str = "memcl run", next_step: str | None = None):
         super().__init__(str(run_dir))
         self.run_dir, self.command = run_dir, command
+        self.next_step = next_step or f"continue the run with: {command} --resume {run_dir}"
 
 
 class RunStopped(RuntimeError):
     """A run that cannot go on (actor faults in a row past `runtime.max_recoveries`); `run_dir` keeps its last
-    committed checkpoint, so `<command> --resume run_dir` continues it."""
+    committed checkpoint, so `<command> --resume run_dir` continues it (or what `next_step` says)."""
 
-    def __init__(self, why: str, run_dir: Path, command: str = "memcl run"):
+    def __init__(self, why: str, run_dir: Path, command: str = "memcl run", next_step: str | None = None):
         super().__init__(why)
         self.why, self.run_dir, self.command = why, run_dir, command
+        self.next_step = next_step or f"continue the run with: {command} --resume {run_dir}"
 
 
 # the errors that are the user's to fix (a config, a path, something to install), by class name (an actor's

@@ -302,7 +302,7 @@ def encode_into_cache(config: RunConfig, source: ray.actor.ActorHandle, encoders
     cache = FeatureCache(config.runtime.cache_dir)
     handed = {}
     for split in ("train", "test"):
-        key = FeatureCache.key(encoders.id, info.name, split)
+        key = FeatureCache.key(encoders.id, encoders.fingerprint, info.name, split)
         rows = ray.get(source.needed_rows.remote(split))
         feats, missing = cache.lookup(key, rows)
         if feats is None:

@@ -31,7 +31,6 @@ last task learned before theirs).
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import shutil
 import time
@@ -45,7 +44,7 @@ import ray
 from memcl.actors.lm_encoder import LMEncoder
 from memcl.actors.lm_trainer import LMTrainer
 from memcl.actors.memory_manager import MemoryManager
-from memcl.pipeline import checkpoint, preflight, report
+from memcl.pipeline import checkpoint, preflight, report, run_folder
 from memcl.pipeline.actor_cache import FAULTS, ActorCache, failed_to_start
 from memcl.pipeline.config import ConfigError, Placement, RuntimeConfig, dump_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped, one_line
@@ -55,6 +54,7 @@ from memcl.pipeline.loop import PhaseHook, discard_unstarted, new_run_dir, strea
 from memcl.pipeline.progress import Progress, Reports
 from memcl.pipeline.roles import BatchHook, Roles, RoundEnd, RunResult, RunState, ensure_ray
 from memcl.pipeline.trainer_group import TrainerGroup
+from memcl_ops import files
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.lm_tasks import LMStreamSpec, TextPair, TextTask, answer_scores, build_stream, task_batches
@@ -417,7 +417,10 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
     specs, tasks = check_config(config)  # before Ray starts: a bad config fails at once, with one line
     own, given_dir = actors is None, run_dir
     actors = actors or ActorCache()
+    lock = None
     try:
+        if run_dir is not None and run_dir.is_dir():  # a folder given (a resume): refused before Ray if in use
+            lock = run_folder.RunLock(run_dir)
         started = time.perf_counter()
         rt = config.runtime
         if not actors.local:
@@ -426,7 +429,9 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
                                  "the cluster has", preflight.LM_COPIES)
         bars = Progress(enabled=rt.progress if progress is None else progress)
         run_dir = run_dir or new_run_dir(rt.out, f"lm-{config.model.name}-s{config.seed}")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if not run_dir.is_dir():
+            run_folder.create(run_dir)
+        lock = lock or run_folder.RunLock(run_dir)  # held while this process runs it (`memcl runs clean` leaves it)
         if not resumed:
             dump_config(config, run_dir / "config.yaml")
         try:
@@ -439,7 +444,7 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
             for spec in specs:
                 folder = run_dir / "runs" / spec.name.replace("@", "_")
                 if resumed and (folder / "metrics.json").is_file():
-                    runs[spec.name] = RunResult.of(folder, json.loads((folder / "metrics.json").read_text()))
+                    runs[spec.name] = RunResult.of(folder, report.read_metrics(folder / "metrics.json"))
                     continue
                 folder.mkdir(parents=True, exist_ok=True)
                 try:
@@ -449,6 +454,10 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
                 except Exception as err:  # this (method, budget) cannot run (a budget too small for one entry)
                     if not (isinstance(err, ValueError) or failed_to_start(err)):
                         raise
+                    kept = sorted((folder / "checkpoints").glob("ckpt-*.npz"))
+                    if kept:  # a run that committed a round is never skipped: its folder and checkpoint stay
+                        raise ConfigError(f"{spec.name}: the run cannot go on from its checkpoint {kept[-1]} "
+                                          f"({one_line(err)[0]}); the checkpoint is kept") from err
                     skipped[spec.name] = one_line(err)[0]
                     log.warning("memcl lm: skipped %s: %s", spec.name, skipped[spec.name])
                     shutil.rmtree(folder, ignore_errors=True)
@@ -481,6 +490,8 @@ def run_methods(config: LMRunConfig, *, run_dir: Path | None = None, resumed: bo
         metrics["run_dir"] = str(run_dir)
         return LMResult(run_dir, runs, metrics)
     finally:
+        if lock is not None:
+            lock.release()
         if own:
             actors.close()
 
@@ -493,27 +504,25 @@ def _run_entry(metrics: dict) -> dict:
 
 
 def write_lm_run(run_dir: Path, metrics: dict, predictions: list[dict]) -> None:
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float))
-    with open(run_dir / "predictions.jsonl", "w") as f:
+    files.write_json(run_dir / "metrics.json", metrics)
+    with files.atomic_open(run_dir / "predictions.jsonl", "w") as f:
         for row in predictions:
-            f.write(json.dumps(row) + "\n")
+            f.write(files.json_text(row, indent=None) + "\n")
     render_lm(run_dir, metrics)
 
 
 def render_lm(run_dir: Path, metrics: dict) -> None:
     """results.csv, the accuracy matrix files and prequential chart of every run and the A_last/BWT chart, from a
     metrics dict."""
-    with open(run_dir / "results.csv", "w", newline="") as f:
+    with files.atomic_open(run_dir / "results.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["run", "method", "budget_bytes", "a_last", "bwt", "a_mean", "prequential",
                          "final_answer_nll", "memory_bytes", "seconds"])
         for name, r in metrics["runs"].items():
             s = r["summary"]
-            a_mean = "" if s.get("a_mean") is None else f"{s['a_mean']:.4f}"
-            preq = _prequential_accuracy(r)
-            writer.writerow([name, r["method"], r["budget_bytes"] or "", f"{s['a_last']:.4f}", f"{s['bwt']:.4f}",
-                             a_mean, "" if preq is None else f"{preq:.4f}",
-                             f"{r['final_answer_nll']:.3f}",
+            writer.writerow([name, r["method"], r["budget_bytes"] or "", _csv_cell(s["a_last"]), _csv_cell(s["bwt"]),
+                             _csv_cell(s.get("a_mean")), _csv_cell(_prequential_accuracy(r)),
+                             _csv_cell(r["final_answer_nll"], ".3f"),
                              sum(r["memory_bytes"].values()),
                              f"{r['wall_seconds']['total']:.1f}"])
     for name, r in metrics["runs"].items():
@@ -531,16 +540,27 @@ def _headline_chart(metrics: dict, path: Path) -> None:
     names = list(metrics["runs"])
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(names), 3.5))
-    ax.bar(x - 0.2, [100 * metrics["runs"][n]["summary"]["a_last"] for n in names], 0.4, label="A_last")
-    ax.bar(x + 0.2, [100 * metrics["runs"][n]["summary"]["bwt"] for n in names], 0.4, label="BWT")
+    for offset, key, label in ((-0.2, "a_last", "A_last"), (0.2, "bwt", "BWT")):  # an undefined figure: no bar
+        ax.bar(x + offset, [100 * _float(metrics["runs"][n]["summary"][key]) for n in names], 0.4, label=label)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x, names, rotation=20, fontsize=8)
     ax.set_ylabel("percent")
     ax.set_title(f"{metrics['model']['spec']}: {len(metrics['tasks'])} tasks (seed {metrics['seed']})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
+
+
+def _float(value: float | None) -> float:
+    """A figure of metrics.json as a number (null, an undefined figure: NaN)."""
+    return float("nan") if value is None else float(value)
+
+
+def _csv_cell(value: float | None, spec: str = ".4f") -> str:
+    """A figure in results.csv: empty where it is undefined."""
+    number = _float(value)
+    return format(number, spec) if np.isfinite(number) else ""
 
 
 def _prequential_accuracy(run: dict) -> float | None:
@@ -562,12 +582,12 @@ def summary_table(metrics: dict) -> str:
              "-" * len(head)]
     for name, r in metrics["runs"].items():
         final = r["acc_matrix"][-1]
-        cells = " ".join(f"{100 * v:12.1f}" for v in final)
+        cells = " ".join(f"{M.figure_text(v, '.1f'):>12}" for v in final)
         mem = ", ".join(f"{k} {v:,}" for k, v in r["memory_bytes"].items()) or "-"
         s = r["summary"]
         preq = _prequential_accuracy(r)
-        scores = (f"{100 * s['a_last']:6.1f} {100 * s['bwt']:7.1f} {'-' if preq is None else f'{100 * preq:.1f}':>6} "
-                  f"{r['final_answer_nll']:6.2f}")
+        scores = (f"{M.figure_text(s['a_last'], '.1f'):>6} {M.figure_text(s['bwt'], '.1f'):>7} "
+                  f"{M.figure_text(preq, '.1f'):>6} {M.figure_text(r['final_answer_nll'], '.2f', 1):>6}")
         lines.append(f"{name:<{width}} {scores}  {cells}   {mem}")
     for name, why in metrics.get("skipped", {}).items():
         lines.append(f"{name:<{width}} skipped: {why}")

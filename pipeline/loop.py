@@ -32,9 +32,8 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
-from memcl.pipeline import checkpoint, report
+from memcl.pipeline import checkpoint, report, run_folder
 from memcl.pipeline.actor_cache import ActorRestarted, is_fault
 from memcl.pipeline.chaos import Chaos
 from memcl.pipeline.config import ConfigError, RuntimeConfig
@@ -42,6 +41,7 @@ from memcl.pipeline.errors import RunStopped
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline, round_label
 from memcl.pipeline.tracking import TensorBoardLog
+from memcl_ops import files
 from memcl_ops import metrics as M
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
@@ -60,8 +60,7 @@ def new_run_dir(out: str, name: str) -> Path:
     path, n = base, 1
     while True:
         try:
-            path.mkdir(parents=True)
-            return path
+            return run_folder.create(path)  # with the marker that lets `memcl runs clean` remove it
         except FileExistsError:
             path, n = base.with_name(f"{base.name}-{n}"), n + 1
 
@@ -280,7 +279,8 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
         dead = _new_refusals(dead, state)
     if dead is not None and dead.num_rows:
         (run_dir / "dead_letters").mkdir(exist_ok=True)
-        pq.write_table(dead, run_dir / "dead_letters" / f"round-{r:06d}.parquet")  # a replay overwrites, never adds
+        # a replay overwrites, never adds
+        files.write_parquet(dead, run_dir / "dead_letters" / f"round-{r:06d}.parquet")
         for split, reason, origin in zip(dead.column("split").to_pylist(), dead.column("reason").to_pylist(),
                                          dead.column("origin").to_pylist(), strict=True):
             counts = state.refused_test if split == "test" else state.refused
@@ -303,7 +303,7 @@ def _write_predictions(run_dir: Path, r: int, predicted: pa.Table) -> None:
         path.unlink(missing_ok=True)
         return
     path.parent.mkdir(exist_ok=True)
-    pq.write_table(predicted.drop_columns([S.LABEL]), path)
+    files.write_parquet(predicted.drop_columns([S.LABEL]), path)
 
 
 def _predictions_path(run_dir: Path, r: int) -> Path:

@@ -15,14 +15,28 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
+from memcl_ops import files
 from memcl_ops.arrow.schema import REASONS
+from memcl_ops.metrics import figure_text
 
 RUN_FILES = ("config.yaml", "metrics.json", "acc_matrix.csv", "acc_matrix.png", "acc_over_time.png", "slots.png")
 
 
 def write_run(run_dir: Path, metrics: dict) -> None:
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=float))
+    files.write_json(run_dir / "metrics.json", metrics)
     render(run_dir, metrics)
+
+
+def read_metrics(path: Path) -> dict:
+    """A metrics.json as the run held it: its matrices of figures (`acc_matrix`, `nll_matrix`, the anytime
+    `matrix`) with NaN where the file, strict JSON, has null for an undefined figure."""
+    def restore(value, key: str = ""):
+        if isinstance(value, dict):
+            return {k: restore(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [np.nan if v is None and key.endswith("matrix") else restore(v, key) for v in value]
+        return value
+    return restore(json.loads(Path(path).read_text()))
 
 
 def render(run_dir: Path, metrics: dict) -> None:
@@ -40,7 +54,7 @@ def write_matrix(run_dir: Path, metrics: dict, prefix: str = "") -> None:
     acc = np.array(metrics["acc_matrix"], dtype=float)
     tasks = acc.shape[1] if acc.ndim == 2 else 0
     free = metrics.get("task_free")
-    with open(run_dir / f"{prefix}acc_matrix.csv", "w", newline="") as f:
+    with files.atomic_open(run_dir / f"{prefix}acc_matrix.csv", "w", newline="") as f:
         writer = csv.writer(f)
         # numbered as people count (from 1), like every table and plot; metrics.json keeps 0-based indices
         writer.writerow([*(("after_round", "visits_ended") if free else ("after_visit", "trained_task")),
@@ -92,7 +106,7 @@ def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
     ax.set_title(_title(metrics), fontsize=9)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -110,7 +124,7 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     ax.set_title(_title(metrics), fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -132,10 +146,10 @@ def prequential_chart(metrics: dict, path: Path, rows: str = "labelled training 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
     near = prequential.get("near_future_accuracy")
     ax.set_title(_title(metrics) + ("" if near is None else f"; near-future (k={prequential['near_future']}) "
-                                    f"{100 * near:.1f}"), fontsize=9)
+                                    f"{figure_text(near, '.1f')}"), fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -157,7 +171,7 @@ def _slots(metrics: dict, path: Path) -> None:
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # slots come in whole numbers
     ax.set_title(_title(metrics), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -198,19 +212,31 @@ def consolidation_line(done: dict, clock: dict | None) -> str:
             f"{done['versions']} versions published, {stream}{staleness}{overlap}")
 
 
-def summary_table(metrics: dict) -> str:
+SUMMARY_ROWS = 10  # accuracy-matrix rows the printed summary shows (the last ones); acc_matrix.csv has them all
+
+
+def summary_table(metrics: dict, run_dir: str | Path | None = None) -> str:
+    """The run's summary as printed: the last `SUMMARY_ROWS` rows of the accuracy matrix (a line says how many are
+    left out and names the CSV that holds them all: in `run_dir`, by default the metrics' own), the headline, samples,
+    memory and time."""
     acc = np.array(metrics["acc_matrix"], dtype=float)
     lines = [f"{_title(metrics)}", ""]
-    header = f"{'after visit':<12} | " + " ".join(f"task{j + 1:<3d}" for j in range(acc.shape[1]))
+    after = "after round" if metrics.get("task_free") else "after visit"
+    header = f"{after:<12} | " + " ".join(f"task{j + 1:<3d}" for j in range(acc.shape[1]))
     lines += [header, "-" * len(header)]
-    for i, row in enumerate(acc):
-        cells = " ".join("   -   " if np.isnan(v) else f"{100 * v:6.1f} " for v in row)
+    first = max(len(acc) - SUMMARY_ROWS, 0)
+    if first:
+        folder = run_dir or metrics.get("run_dir")
+        where = Path(folder) / "acc_matrix.csv" if folder else "acc_matrix.csv in the run folder"
+        lines.append(f"({first} earlier rows left out; every row: {where})")
+    for i in range(first, len(acc)):
+        cells = " ".join(f"{figure_text(v, '6.1f'):^7}" for v in acc[i])
         lines.append(f"{row_label(metrics, i):<12} | {cells}")
     lines += _class_lines(metrics)
     s = metrics.get("summary") or {}
     if s:
         mean = "Ā online (all seen, over points)" if metrics.get("task_free") else "Ā"
-        pct = lambda v: "-" if v is None else f"{100 * v:.2f}"  # noqa: E731  (None: not every entry evaluated)
+        pct = figure_text  # "-": not every entry evaluated
         lines += ["", f"A_last {pct(s['a_last'])}   {mean} {pct(s['a_mean'])}   forgetting {pct(s['forgetting'])}   "
                       f"BWT {pct(s['bwt'])}"]
     samples = metrics["samples"]
@@ -224,9 +250,10 @@ def summary_table(metrics: dict) -> str:
                     if samples.get("predicted_unlabelled") else ""))
     prequential = metrics.get("prequential")
     if prequential and prequential["rows"]:
-        lines.append(f"test-then-train: prequential {100 * prequential['accuracy']:.2f} (last {prequential['window']} "
-                     f"rows {100 * prequential['window_accuracy']:.2f})   near-future (k={prequential['near_future']}) "
-                     f"{100 * prequential['near_future_accuracy']:.2f}   over {prequential['rows']} training rows")
+        lines.append(f"test-then-train: prequential {figure_text(prequential['accuracy'])} (last "
+                     f"{prequential['window']} rows {figure_text(prequential['window_accuracy'])})   near-future "
+                     f"(k={prequential['near_future']}) {figure_text(prequential['near_future_accuracy'])}   over "
+                     f"{prequential['rows']} training rows")
     done, clock = metrics.get("consolidation"), metrics.get("realtime")
     if done:
         lines.append(consolidation_line(done, clock))
@@ -239,7 +266,7 @@ def summary_table(metrics: dict) -> str:
         visits = recovery["returning_visits"]
         lines.append(f"returning tasks ({metrics['allocation']} allocation): "
                      + ", ".join(f"task {r['task'] + 1} back in {'>=' if r['censored'] else ''}{r['steps']} steps"
-                                 for r in visits) + f"; mean {recovery['mean_steps']:.2f}")
+                                 for r in visits) + f"; mean {figure_text(recovery['mean_steps'], '.2f', 1)}")
     mem = metrics["memory_bytes"]
     lines.append("memory bytes: " + ", ".join(f"{k} {v:,}" for k, v in mem.items()))
     wall = metrics["wall_seconds"]

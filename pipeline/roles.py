@@ -44,6 +44,7 @@ def ensure_ray(config) -> None:
     # (/tmp/ray/session_latest/logs): on the terminal it would break the progress bars, and an actor's error
     # reaches the driver as the exception it raised.
     if address:
+        auth.check_token(address)  # a refused token in one line at once, before Ray's retries
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except Exception as err:

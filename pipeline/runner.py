@@ -13,7 +13,7 @@ from pathlib import Path
 import ray
 import yaml
 
-from memcl.pipeline import preflight
+from memcl.pipeline import preflight, run_folder
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import RunConfig, dump_config, load_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped
@@ -56,7 +56,10 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
     spec = preflight.check_run(config)  # before Ray starts: a bad config fails in a second, with one line
     own, given_dir = actors is None, run_dir
     actors = actors or (LocalActors() if in_process else ActorCache())
+    lock = None
     try:
+        if run_dir is not None and run_dir.is_dir():  # a folder given (a resume): refused before Ray if in use
+            lock = run_folder.RunLock(run_dir)
         started = time.perf_counter()
         if not actors.local:
             ensure_ray(config)
@@ -67,7 +70,9 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
         warn_unnamed_labels(info)
         free = "-taskfree" if config.stream.task_free else ""
         run_dir = run_dir or new_run_dir(config.runtime.out, f"{spec.name}-{info.name}{free}-s{config.seed}")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if not run_dir.is_dir():
+            run_folder.create(run_dir)
+        lock = lock or run_folder.RunLock(run_dir)  # held while this process runs it (`memcl runs clean` leaves it)
         if resume is None:
             dump_config(config, run_dir / "config.yaml")
         bars = Progress(enabled=config.runtime.progress if progress is None else progress)
@@ -95,6 +100,8 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
                 discard_unstarted(run_dir)
             raise
     finally:
+        if lock is not None:
+            lock.release()
         if own:
             actors.close()
 

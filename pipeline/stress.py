@@ -31,10 +31,14 @@ import ray
 
 from memcl.pipeline import preflight, runner
 from memcl.pipeline.config import ConfigError, RunConfig, load_config
+from memcl.pipeline.errors import RunInterrupted, RunStopped
 from memcl.pipeline.features import FeaturePipeline
+from memcl.pipeline.loop import discard_unstarted, new_run_dir
 from memcl.pipeline.roles import ensure_ray
+from memcl_ops import files
 from memcl_ops.mars.sgse import Signal
 from memcl_ops.methods import METHODS
+from memcl_ops.metrics import figure_text
 from memcl_ops.rounds import plan_rounds
 
 ALPHA = 0.05  # SGSE's per-test false-expansion bound
@@ -174,11 +178,11 @@ def checks(rows: list[dict], metrics: dict, info_novel: int, initial_slots: int,
 
 
 def write(run_dir: Path, rows: list[dict], result: dict) -> None:
-    with open(run_dir / "stress.csv", "w", newline="") as f:
+    with files.atomic_open(run_dir / "stress.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (run_dir / "stress.json").write_text(json.dumps(result, indent=2, default=float))
+    files.write_json(run_dir / "stress.json", result)
     x = np.array([r["samples"] for r in rows])
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
     axes[0, 0].plot(x, [r["slots"] for r in rows], label="slots")
@@ -199,7 +203,7 @@ def write(run_dir: Path, rows: list[dict], result: dict) -> None:
     for ax in axes[1]:
         ax.set_xlabel("samples streamed")
     fig.tight_layout()
-    fig.savefig(run_dir / "stress.png", dpi=110)
+    files.save_figure(fig, run_dir / "stress.png", dpi=110)
     plt.close(fig)
 
 
@@ -217,11 +221,29 @@ def stress(tasks: int = 1000, task_free: bool = False, overrides: dict[str, obje
     event_starts = [v * per_visit for v in drift.novel_visits()]
     sampler = Sampler([sum(drift.batch_rows(i) for _, i in r) for r in rounds], config.method.router.initial_slots,
                       event_starts)
-    metrics = runner.run(config, actors=actors, on_round=sampler).metrics
+    signal = spec.resolve(config.method).sgse.signal
+    # the drift stream's name ends in its own seed: the run's seed is named only where it differs
+    run_dir = new_run_dir(config.runtime.out, f"{spec.name}-{signal}-{info.name}{'-taskfree' if task_free else ''}"
+                          f"{'-chaos' if config.runtime.chaos_seconds else ''}"
+                          f"{'' if config.seed == config.data.drift.seed else f'-seed{config.seed}'}")
+    try:
+        metrics = runner.run(config, run_dir=run_dir, actors=actors, on_round=sampler).metrics
+    except (RunStopped, RunInterrupted) as stop:
+        # a stress run keeps its resource samples in memory: `memcl run --resume` finishes the stream, not the checks
+        next_step = (f"memcl stress does not resume a run; `memcl run --resume {run_dir}` finishes its stream without "
+                     "the stress samples and checks, or run memcl stress again"
+                     + (" with a longer --chaos interval or a larger runtime.max_recoveries"
+                        if config.runtime.chaos_seconds and isinstance(stop, RunStopped) else ""))
+        if isinstance(stop, RunStopped):
+            raise RunStopped(stop.why, run_dir, next_step=next_step) from stop
+        raise RunInterrupted(run_dir, next_step=next_step) from None
+    except Exception:
+        discard_unstarted(run_dir)
+        raise
     expansion_steps = [e["test_step"] for e in metrics["slots"]["expansions"]]
     detection = novelty(event_starts, per_visit, sampler.test_steps, expansion_steps, config.method.sgse.block_size)
     result = {"tasks": tasks, "task_free": task_free, "distinct_tasks": config.data.drift.tasks,
-              "method": config.method.name, "signal": spec.resolve(config.method).sgse.signal,
+              "method": config.method.name, "signal": signal,
               "seed": config.data.drift.seed,
               "samples": metrics["samples"], "wall_seconds": metrics["wall_seconds"]["total"],
               "kills": metrics.get("chaos", {}).get("kills", 0), "recoveries": metrics["recoveries"],
@@ -290,10 +312,12 @@ def table(results: list[dict]) -> str:
         delay = "-" if nv["median_delay_blocks"] is None else f"{nv['median_delay_blocks']:.0f}"
         lines.append(
             f"| {r['method']} | {r['signal']} | {r['seed']} | {s['final']} ({s['bound']:.1f}) {mark(s['holds'])} | "
-            f"{nv['false_expansions']} / {nv['revisit_tests']} = {nv['false_rate']:.4f} "
+            f"{nv['false_expansions']} / {nv['revisit_tests']} = {figure_text(nv['false_rate'], '.4f', 1)} "
             f"{mark(nv['false_rate_holds'])} | "
             f"{nv['detected']} / {nv['events']} {mark(nv['detection_holds'])} | {delay} | "
-            f"{r['monitor_ms_per_batch']:.2f} | {100 * max(r['rss_growth_10_to_100pct'].values()):+.1f} % "
-            f"{mark(r['rss_holds'])} | {tp['ratio']:.2f} {mark(tp['holds'])} | {r['kills']} / {r['recoveries']} | "
+            f"{figure_text(r['monitor_ms_per_batch'], '.2f', 1)} | "
+            f"{figure_text(max(r['rss_growth_10_to_100pct'].values(), default=None), '+.1f')} % "
+            f"{mark(r['rss_holds'])} | {figure_text(tp['ratio'], '.2f', 1)} {mark(tp['holds'])} | "
+            f"{r['kills']} / {r['recoveries']} | "
             f"{mark(r['same_as_fault_free']) if 'same_as_fault_free' in r else '-'} |")
     return "\n".join(lines)

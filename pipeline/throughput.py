@@ -41,6 +41,7 @@ from memcl.pipeline.compiled_chain import size_channels
 from memcl.pipeline.config import RuntimeConfig, load_config
 from memcl.pipeline.progress import InFlight, Progress
 from memcl.pipeline.roles import ensure_ray
+from memcl_ops import files
 from memcl_ops.arrow import schema as S
 from memcl_ops.arrow.gate import gate
 from memcl_ops.data.datasets import Dataset, load_fashion_mnist
@@ -300,7 +301,7 @@ def measure(case: Case, images: int, image_size: int, out: Path, actors: ActorCa
 def write(rows: list[dict], stage_rows: list[dict], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, table_rows in (("throughput.csv", rows), ("stages.csv", stage_rows)):
-        with open(folder / name, "w", newline="") as f:
+        with files.atomic_open(folder / name, "w", newline="") as f:
             writer = csv.DictWriter(f, list(table_rows[0]))
             writer.writeheader()
             writer.writerows(table_rows)
@@ -328,7 +329,7 @@ def write(rows: list[dict], stage_rows: list[dict], folder: Path) -> None:
     right.set_ylabel("seconds (actor busy time; overhead: stream wall - encode)")
     right.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(folder / "throughput.png", dpi=110)
+    files.save_figure(fig, folder / "throughput.png", dpi=110)
     plt.close(fig)
 
 

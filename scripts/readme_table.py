@@ -14,6 +14,9 @@ import re
 import sys
 from pathlib import Path
 
+from memcl_ops import files
+from memcl_ops.metrics import figure_text
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 BEGIN, END = "<!-- default-run-table: scripts/readme_table.py writes it -->", "<!-- /default-run-table -->"
 RUNS = (("MARS", "mars"), ("finetune", "finetune"))
@@ -27,7 +30,7 @@ def measure(out: str) -> dict[str, dict]:
 
 
 def table(summaries: dict[str, dict]) -> str:
-    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+    pct = figure_text
     lines = ["| method | A_last | Ā | forgetting | BWT |", "|---|---|---|---|---|"]
     lines += [f"| {label} | {pct(s['a_last'])} | {pct(s['a_mean'])} | {pct(s['forgetting'])} | {pct(s['bwt'])} |"
               for label, s in summaries.items()]
@@ -36,7 +39,7 @@ def table(summaries: dict[str, dict]) -> str:
 
 def summary_line(s: dict) -> str:
     """The A_last line `memcl run` prints (pipeline/report.py)."""
-    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+    pct = figure_text
     return f"A_last {pct(s['a_last'])}   Ā {pct(s['a_mean'])}   forgetting {pct(s['forgetting'])}   BWT {pct(s['bwt'])}"
 
 
@@ -66,7 +69,7 @@ def main() -> int:
     text = text.replace(written, measured)
     if line_written is not None:
         text = text.replace(line_written.group(0), line_measured)
-    README.write_text(text)
+    files.write_text(README, text)
     print(measured)
     return 0
 

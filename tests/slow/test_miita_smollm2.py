@@ -10,7 +10,7 @@ from memcl_ops.data.lm_tasks import LMStreamSpec, build_stream
 from memcl_ops.miita.directions import Adaptation, AdaptConfig, DirectionMemory, MemoryConfig
 from memcl_ops.models.causal_lm import LMSpec, load_lm
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # converting and loading SmolLM2 on a CPU
 
 
 @pytest.fixture(scope="module")

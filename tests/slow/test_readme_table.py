@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(3700)]  # the check's own limit is 3600 s
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 
 from memcl.pipeline.stress import compare, stress
 
-pytestmark = [pytest.mark.stress, pytest.mark.ray]
+pytestmark = [pytest.mark.stress, pytest.mark.ray, pytest.mark.timeout(3600)]  # 300 visits per run
 
 
 def long_run(task_free: bool, actors, tmp_path_factory, **overrides) -> dict:

@@ -83,8 +83,8 @@ def test_drift_blends_boundaries_but_keeps_rows_and_true_tasks():
 
 def test_feature_cache_merges_and_reuses(tmp_path):
     cache = FeatureCache(tmp_path)
-    key = FeatureCache.key("enc@64px", "ds", "train")
-    assert key != FeatureCache.key("enc@32px", "ds", "train")
+    key = FeatureCache.key("enc@64px", "f0", "ds", "train")
+    assert key != FeatureCache.key("enc@32px", "f0", "ds", "train") != FeatureCache.key("enc@64px", "f1", "ds", "train")
     feats, missing = cache.lookup(key, np.array([3, 1]))
     assert feats is None and missing.tolist() == [1, 3]
     cache.add(key, np.array([3, 1]), np.array([[3.0, 3.0], [1.0, 1.0]], np.float32))

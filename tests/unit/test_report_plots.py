@@ -46,3 +46,21 @@ def test_tasks_and_visits_are_numbered_from_one_in_the_table_and_the_csv(tmp_pat
     rows = (tmp_path / "acc_matrix.csv").read_text().splitlines()
     assert rows[0] == "after_visit,trained_task,task1,task2" and rows[1].startswith("1,2,0.9000,")
     assert [r.split(",")[:2] for r in rows[1:]] == [["1", "2"], ["2", "1"], ["3", "2"]]
+
+
+def test_a_long_run_prints_its_last_rows_and_names_the_file_with_every_row(tmp_path):
+    """A 300-visit run prints the last 10 rows of its accuracy matrix, says how many it left out and where all of
+    them are; a short run prints every row."""
+    visits = [v % 3 for v in range(300)]
+    acc = np.tile([0.5, 0.6, 0.7], (300, 1))
+    acc[np.arange(300), visits] = np.arange(300) / 1000  # each row tells itself apart
+    metrics = {"method": "mars", "dataset": "d", "seed": 0, "acc_matrix": acc.tolist(), "visits": visits,
+               "task_classes": [[0], [1], [2]], "samples": {"stream": 10, "learned": 10, "unique_learned": 10},
+               "memory_bytes": {}, "wall_seconds": {}, "run_dir": str(tmp_path)}
+    lines = report.summary_table(metrics).splitlines()
+    rows = [line for line in lines if " | " in line][1:]  # the matrix rows, below the header
+    assert [row.split()[0] for row in rows] == [str(i) for i in range(291, 301)]
+    assert rows[-1].split("|")[1].split()[visits[-1]] == "29.9"
+    assert f"(290 earlier rows left out; every row: {tmp_path / 'acc_matrix.csv'})" in lines
+    short = report.summary_table({**metrics, "acc_matrix": acc[:3].tolist(), "visits": visits[:3]})
+    assert len([line for line in short.splitlines() if " | " in line]) == 4 and "left out" not in short
