@@ -275,7 +275,7 @@ class FeaturePipeline:
                           "refused_expansions": history.get("refused_expansions", 0), "monitor": monitor},
                 "memory_bytes": {k: v for k, v in self.memory_report().items() if k != "num_slots"},
                 "consolidation": {**x.get(x.call("predictor", "counters")), **{
-                    key: sum(entry.get(key, 0.0) for entry in state.round_log)
+                    key: sum(entry.get(key, 0.0) for entry in state.records("round_log"))
                     for key in ("encoder_busy_s", "encoder_busy_consolidating_s") if self.inline}},
                 "encoders": self.encoders.info if self.encoders is not None else [],
                 **({"class_confusion": confusion} if confusion is not None else {})}

@@ -335,7 +335,7 @@ class LMPipeline:
         window = self.ctx.config.runtime.prequential.window
         scores: list[float] = []
         curve, per_task = [], {}
-        for entry in state.round_log:
+        for entry in state.records("round_log"):
             task = self.ctx.tasks[int(entry["task"])]
             mine = [float(p[headline(task)]) for p in entry["predictions"] if p.get("split") == "train"]
             if mine:
@@ -348,13 +348,13 @@ class LMPipeline:
                 "per_task": per_task, "curve": curve}
 
     def finish(self, state: RunState) -> dict:
-        acc = np.array(state.acc_rows, dtype=np.float64)
+        acc, round_log = np.array(state.records("acc_rows"), dtype=np.float64), state.records("round_log")
         nll = np.full_like(acc, np.nan)
-        for i, entry in enumerate(state.round_log):
+        for i, entry in enumerate(round_log):
             for j, value in entry["nll"].items():
                 nll[i, int(j)] = value
         per_score = {name: np.full_like(acc, np.nan) for name in SCORES + QUERY_COST}
-        for i, entry in enumerate(state.round_log):
+        for i, entry in enumerate(round_log):
             for j, values in entry["scores"].items():
                 for name, value in values.items():
                     per_score[name][i, int(j)] = value
@@ -371,7 +371,7 @@ class LMPipeline:
                 "query_cost": {name: float(np.nanmean(per_score[name])) for name in QUERY_COST},
                 "log": [{"task": e["task"], "name": e["name"], "learned": e["learned"], "memory_bytes": e["memory"],
                          "accuracy": {self.ctx.tasks[int(j)].name: a for j, a in e["accuracy"].items()}}
-                        for e in state.round_log]}
+                        for e in round_log]}
 
 
 def score(predictions: list[pa.RecordBatch], task: TextTask, split: str = "test") -> tuple[float, float, list[dict]]:

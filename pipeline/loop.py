@@ -38,6 +38,7 @@ from memcl.pipeline.actor_cache import ActorRestarted, is_fault
 from memcl.pipeline.chaos import Chaos
 from memcl.pipeline.config import ConfigError, RuntimeConfig
 from memcl.pipeline.errors import RunStopped
+from memcl.pipeline.journal import Journal
 from memcl.pipeline.progress import InFlight, Progress, Reports
 from memcl.pipeline.roles import BatchHook, RoundOutcome, RunResult, RunState, StreamPipeline, round_label
 from memcl.pipeline.tracking import TensorBoardLog
@@ -166,6 +167,8 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         recovery.last_good = parts
         bars.say(f"memcl: resuming {run_dir} after {_round_name(pipe, rounds, state.next_round - 1)} "
                   f"({state.next_round} of {len(rounds)} rounds done), from {path.name}")
+    state.store = Journal(run_dir)
+    state.store.cut(state.journal)  # what a killed run appended after its last checkpoint goes
     for phase, seconds in (setup_wall or {}).items():  # before the stream: actor starts, the feature cache's encoding
         if seconds:
             state.add_wall(phase, seconds)
@@ -197,7 +200,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
                 recovery.run(f"the observers of round {r}", partial(on_round, r, state, pipe))
             if board is not None:
                 board.round(state, pipe.prequential_curve(state) if hasattr(pipe, "prequential_curve")
-                            else state.prequential["curve"])
+                            else state.records("curve")[-1:])
         reports.phase("report")
         metrics.update(recovery.run("the run's report", lambda: {
             **_run_metrics(pipe, state, earlier + time.perf_counter() - started, rt),
@@ -264,23 +267,25 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
         tally.add(outcome.predictions, prequential.window)
         _write_predictions(run_dir, r, unlabelled(outcome.predictions))
         _settle_late_labels(run_dir, r, tally, labelled(outcome.predictions), late_labels)
+        state.append("curve", tally.curve)
+        tally.curve = []
         state.prequential = dataclasses.asdict(tally)
     for phase, seconds in outcome.seconds.items():
         state.add_wall(phase, seconds)
     state.seen_tasks = outcome.seen
     added = matrix_rows(outcome.accuracy, outcome.ended, len(pipe.info.task_classes), pipe.task_free, outcome.seen)
     if anytime:
-        state.anytime_rows.append([outcome.accuracy.get(t, float("nan")) for t in range(len(pipe.info.task_classes))])
-    state.acc_rows += added
-    state.rows += ([{"round": r, "visits_ended": outcome.ended}] * len(added) if pipe.task_free
-                   else [{"round": r, "visit": v} for v in outcome.ended])
+        state.append("anytime_rows", [[outcome.accuracy.get(t, float("nan"))
+                                       for t in range(len(pipe.info.task_classes))]])
+    state.append("acc_rows", added)
+    state.append("rows", [{"round": r, "visits_ended": outcome.ended}] * len(added) if pipe.task_free
+                 else [{"round": r, "visit": v} for v in outcome.ended])
     dead = outcome.dead
     if dead is not None and dead.num_rows:
         dead = _new_refusals(dead, state)
     if dead is not None and dead.num_rows:
         (run_dir / "dead_letters").mkdir(exist_ok=True)
-        # a replay overwrites, never adds
-        files.write_parquet(dead, run_dir / "dead_letters" / f"round-{r:06d}.parquet")
+        files.write_parquet(dead, run_dir / "dead_letters" / f"round-{r:06d}.parquet")  # a replay overwrites
         for split, reason, origin in zip(dead.column("split").to_pylist(), dead.column("reason").to_pylist(),
                                          dead.column("origin").to_pylist(), strict=True):
             counts = state.refused_test if split == "test" else state.refused
@@ -288,10 +293,11 @@ def _commit_round(pipe: StreamPipeline, state: RunState, r: int, outcome: RoundO
             where = origin or "the encoder"  # rows the encoder refused (undecodable payloads) carry no origin
             state.refused_origins[where] = state.refused_origins.get(where, 0) + 1
     evaluated = [a for a in outcome.accuracy.values() if not np.isnan(a)]
-    state.round_log.append({"round": r, "visits_ended": outcome.ended, "batches": outcome.batches,
-                            "accuracy": outcome.accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated
-                            else None, "memory": memory, "seconds": outcome.seconds, **outcome.log,
-                            "refused": 0 if dead is None else dead.num_rows, "time": time.time()})
+    state.last_log = {"round": r, "visits_ended": outcome.ended, "batches": outcome.batches,
+                      "accuracy": outcome.accuracy, "mean_evaluated": float(np.mean(evaluated)) if evaluated
+                      else None, "memory": memory, "seconds": outcome.seconds, **outcome.log,
+                      "refused": 0 if dead is None else dead.num_rows, "time": time.time()}
+    state.append("round_log", [state.last_log])
     state.next_round = r + 1
 
 
@@ -330,11 +336,11 @@ def first_visit_square(acc: np.ndarray, info: StreamInfo) -> np.ndarray:
     return acc[np.ix_(first_rows, list(range(len(first_rows))))] if first_rows else acc
 
 
-def learned_points(state: RunState, info: StreamInfo) -> list[int]:
+def learned_points(rows: list[dict], round_log: list[dict], info: StreamInfo) -> list[int]:
     """Per task, the first evaluation point (row) after its first visit had ended (task-free runs)."""
-    ended_in = {v: e["round"] for e in state.round_log for v in e["visits_ended"]}
-    last = len(state.rows) - 1
-    return [next((p for p, row in enumerate(state.rows) if row["round"] >= ended_in[info.visits.index(t)]), last)
+    ended_in = {v: e["round"] for e in round_log for v in e["visits_ended"]}
+    last = len(rows) - 1
+    return [next((p for p, row in enumerate(rows) if row["round"] >= ended_in[info.visits.index(t)]), last)
             if t in info.visits else last for t in range(len(info.task_classes))]
 
 
@@ -351,13 +357,13 @@ def _new_refusals(dead: pa.Table, state: RunState) -> pa.Table:
     return dead.filter(pa.array(keep, pa.bool_()))
 
 
-def summary(pipe: StreamPipeline, state: RunState, acc: np.ndarray) -> dict:
+def summary(pipe: StreamPipeline, acc: np.ndarray, rows: list[dict], round_log: list[dict]) -> dict:
     """A_last, Ā, forgetting and BWT of the model as it stands at the end of the stream (docs/methods.md, "Metrics";
     Ā and forgetting None where the matrix is evaluated only in part), or {} while A_last's or BWT's entries are
     missing. With boundaries, every visit's row counts, a returning task's included."""
     if pipe.task_free:
         complete = acc.size and not np.isnan(acc[-1]).any()
-        return M.Summary.over_points(acc, learned_points(state, pipe.info)).as_dict() if complete else {}
+        return M.Summary.over_points(acc, learned_points(rows, round_log, pipe.info)).as_dict() if complete else {}
     if not revisits(pipe.info):
         return first_pass(pipe.info, acc)
     if not acc.size or np.isnan(acc[-1]).any():
@@ -383,20 +389,22 @@ def first_pass(info: StreamInfo, acc: np.ndarray) -> dict:
     return M.Summary.of(square).as_dict() if M.Summary.computable(square) else {}
 
 
-def _anytime(pipe: StreamPipeline, state: RunState) -> dict:
+def _anytime(pipe: StreamPipeline, matrix: list[list[float]]) -> dict:
     """The anytime matrix (a row per round, every task), the visit and step each row was evaluated at, and its
     summary (memcl_ops/metrics.py, anytime_summary)."""
     rounds = pipe.plan()
-    row_visits = [rounds[r][-1][0] for r in range(len(state.anytime_rows))]
+    row_visits = [rounds[r][-1][0] for r in range(len(matrix))]
     steps = [sum(1 for q in range(r) if rounds[q][-1][0] == rounds[r][-1][0]) for r in range(len(row_visits))]
-    return {"matrix": state.anytime_rows, "row_visits": row_visits, "row_steps": steps,
-            **M.anytime_summary(np.array(state.anytime_rows), row_visits, pipe.info.visits)}
+    return {"matrix": matrix, "row_visits": row_visits, "row_steps": steps,
+            **M.anytime_summary(np.array(matrix), row_visits, pipe.info.visits)}
 
 
 def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: RuntimeConfig) -> dict:
     info = pipe.info
-    acc = np.array(state.acc_rows, dtype=np.float64).reshape(len(state.acc_rows), len(info.task_classes))
+    matrix, rows, round_log = state.records("acc_rows"), state.records("rows"), state.records("round_log")
+    acc = np.array(matrix, dtype=np.float64).reshape(len(matrix), len(info.task_classes))
     learned, unique = pipe.learned_counts()
+    tally = Tally(**{**state.prequential, "curve": state.records("curve")})
     timings = pipe.roles.timings()
     return {
         "dataset": info.name,
@@ -404,12 +412,13 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: Runtime
         "visits": info.visits,
         "task_free": pipe.task_free,
         "acc_matrix": acc.tolist(),
-        "rows": state.rows,
-        "summary": summary(pipe, state, acc),
+        "rows": rows,
+        "summary": summary(pipe, acc, rows, round_log),
         "first_pass": first_pass(info, acc) if not pipe.task_free and revisits(info) else None,
         "final_accuracy_all_tasks": float(np.nanmean(acc[-1])) if acc.size and not np.isnan(acc[-1]).all() else None,
-        "prequential": Tally(**state.prequential).report(rt.prequential) if state.prequential["curve"] else None,
-        "anytime": _anytime(pipe, state) if rt.anytime and state.anytime_rows else None,
+        "prequential": tally.report(rt.prequential) if tally.curve else None,
+        "anytime": _anytime(pipe, state.records("anytime_rows")) if rt.anytime and state.count("anytime_rows")
+        else None,
         "samples": {"stream": info.num_samples, "learned": learned, "unique_learned": unique,
                     "refused": sum(state.refused.values()), "refused_by_reason": state.refused,
                     "refused_test": sum(state.refused_test.values()), "refused_test_by_reason": state.refused_test,
@@ -421,7 +430,7 @@ def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: Runtime
         "actor_busy_seconds": {f"{actor}.{stage}": v["seconds"] for actor, stages in timings.items()
                                for stage, v in stages.items()},
         "placement": pipe.roles.placement(),
-        "round_log": state.round_log,
-        "consolidations": len(state.round_log),
+        "round_log": round_log,
+        "consolidations": (state.realtime or {}).get("published", len(round_log)),
         "recoveries": state.recoveries,
     }

@@ -104,7 +104,7 @@ class NSRPipeline:
         task = self.info.visits[visit]
         returning = task in state.seen_tasks
         self.visit = OpenVisit(visit, task, len(batches),
-                               previous_best(state.round_log, task) if returning else None)
+                               previous_best(state.records("round_log"), task) if returning else None)
 
     def observe(self, visit: int, index: int, letters: list) -> object:
         """One training batch: held while the probe fills (the visit's arrival decision reads it), then trained on,
@@ -172,7 +172,7 @@ class NSRPipeline:
 
     def finish(self, state: RunState) -> dict:
         return {"allocation": self.nsr.allocation, "adapter": self.trainer_info,
-                "recovery": recovery_summary(state.round_log),
+                "recovery": recovery_summary(state.records("round_log")),
                 "bank": self.x.get(self.x.call("memory", "call", "bank", "bank_summary")) if self.banks else None}
 
 

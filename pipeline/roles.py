@@ -21,6 +21,7 @@ from memcl.actors.stream_source import StreamSource
 from memcl.pipeline import auth, checkpoint
 from memcl.pipeline.actor_cache import ActorCache
 from memcl.pipeline.config import ConfigError, RunConfig, RuntimeConfig
+from memcl.pipeline.journal import Journal
 from memcl.pipeline.local import LocalActors
 from memcl.pipeline.progress import Reports
 from memcl_ops import metrics as M
@@ -64,31 +65,44 @@ def ensure_ray(config) -> None:
 
 @dataclass
 class RunState:
-    """The runner's own checkpointed progress."""
+    """The runner's own checkpointed progress. What grows with the run (the round log, the accuracy matrix's rows,
+    the anytime rows, the prequential curve) is appended to the run folder's journal (pipeline/journal.py) at each
+    commit; the state holds how many records each stream has, so a checkpoint stays one size."""
 
     next_round: int = 0
-    acc_rows: list[list[float]] = field(default_factory=list)  # per row: accuracy per task (NaN: not evaluated)
-    rows: list[dict] = field(default_factory=list)  # per row: the visit (task-aware) or round (task-free) it follows
     seen_tasks: list[int] = field(default_factory=list)  # in order of first training
-    round_log: list[dict] = field(default_factory=list)
     wall: dict[str, float] = field(default_factory=dict)  # driver wall time per phase
     refused: dict[str, int] = field(default_factory=dict)  # dead-lettered training rows per reason
     refused_test: dict[str, int] = field(default_factory=dict)  # distinct dead-lettered test rows per reason
     refused_origins: dict[str, int] = field(default_factory=dict)  # dead-lettered rows per file (or stream)
     # the test rows refused so far ("origin:position:sample_id"): each evaluation reads its test rows again
     refused_test_rows: list[str] = field(default_factory=list)
-    # the test-then-train figures so far (memcl_ops/prequential.py, Tally)
+    # the test-then-train figures so far (memcl_ops/prequential.py, Tally; its curve is in the journal)
     prequential: dict = field(default_factory=lambda: dataclasses.asdict(Tally()))
     realtime: dict | None = None  # the stream's clock (memcl_ops/realtime.py, StreamClock); None: not started
-    anytime_rows: list[list[float]] = field(default_factory=list)  # anytime runs: per round, every task's accuracy
     recoveries: int = 0  # rounds replayed after an actor fault
     elapsed: float = 0.0  # driver wall time up to the last commit, over every session of a resumed run
+    journal: dict[str, int] = field(default_factory=dict)  # records committed per journal stream
+    last_log: dict | None = None  # the last committed round's log entry (what observers read)
+    store: Journal | None = field(default=None, repr=False, compare=False)  # where the journal is (not saved)
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "store"}
 
     def add_wall(self, phase: str, seconds: float) -> None:
         self.wall[phase] = self.wall.get(phase, 0.0) + seconds
+
+    def append(self, stream: str, records: list) -> None:
+        """Records of a committed round at the end of a journal stream."""
+        self.store.append(stream, records)
+        self.journal[stream] = self.journal.get(stream, 0) + len(records)
+
+    def records(self, stream: str) -> list:
+        """Every committed record of a journal stream (read from the run folder)."""
+        return self.store.read(stream) if self.store is not None else []
+
+    def count(self, stream: str) -> int:
+        return self.journal.get(stream, 0)
 
 
 @dataclass

@@ -102,7 +102,7 @@ class Sampler:
         now = time.perf_counter()
         interval = sum(self.samples_per_round[self.last_round + 1:r + 1])
         samples = sum(self.samples_per_round[:r + 1])
-        memory = state.round_log[-1]["memory"]
+        memory = state.last_log["memory"]
         slots = memory.get("num_slots", 0)
         x = pipe.x
         tests = x.get(x.call("monitor", "counters"))["tests"] if x.has("monitor") else 0

@@ -18,7 +18,7 @@ class TensorBoardLog:
     def round(self, state, prequential_curve: list[dict]) -> None:
         """Log the round `state` (a runner.RunState) has just committed; `prequential_curve`: the run's test-then-train
         figures so far, a point per round."""
-        entry = state.round_log[-1]
+        entry = state.last_log
         step = entry["round"] + 1
         add = self.writer.add_scalar
         for point in prequential_curve[-1:]:

@@ -181,7 +181,7 @@ def test_the_headline_is_the_model_at_the_end_of_the_stream_when_a_task_returns(
     row after task 1's first visit; with no return both are the same numbers."""
     acc = np.array([[0.9, np.nan], [0.8, 0.9], [0.95, 0.7]])
     pipe = SimpleNamespace(task_free=False, info=info([0, 1, 0], 2))
-    headline = loop.summary(pipe, loop.RunState(), acc)
+    headline = loop.summary(pipe, acc, [], [])
     first = loop.first_pass(pipe.info, acc)
     assert headline["a_last"] == pytest.approx((0.95 + 0.7) / 2) and first["a_last"] == pytest.approx(0.85)
     # from each task's row after its first visit to the end: task 0 0.9 -> 0.95, task 1 0.9 -> 0.7
@@ -189,7 +189,7 @@ def test_the_headline_is_the_model_at_the_end_of_the_stream_when_a_task_returns(
     assert headline["forgetting"] == pytest.approx((-0.05 + 0.2) / 2) and first["forgetting"] == pytest.approx(0.1)
     assert headline["a_mean"] == pytest.approx((0.9 + 0.85 + 0.825) / 3)
     once = SimpleNamespace(task_free=False, info=info([0, 1], 2))
-    assert loop.summary(once, loop.RunState(), acc[:2]) == loop.first_pass(once.info, acc[:2])
+    assert loop.summary(once, acc[:2], [], []) == loop.first_pass(once.info, acc[:2])
 
 
 def test_anytime_cuts_each_visit_into_rounds_that_evaluate_every_task():
