@@ -2,13 +2,12 @@
 restore, report): the run recovers, learns every sample exactly once, and ends with the accuracy matrix of an
 uninterrupted run; a kill storm stops it with one line and a checkpoint that --resume completes."""
 
-import json
 
 import numpy as np
 import pytest
 import ray
 
-from memcl.pipeline import checkpoint, runner
+from memcl.pipeline import checkpoint, report, runner
 from memcl.pipeline.config import dump_config, load_config
 from memcl.pipeline.errors import RunStopped
 from tests.killing import AIMS, kill_driver_at_checkpoint, killer, memcl, phase_killer, restarted_quietly
@@ -182,4 +181,4 @@ def test_a_driver_killed_while_a_consolidation_runs_in_the_background_resumes_to
     resumed = memcl("run", "--resume", str(run_dir))
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
-    assert_same_background_run(json.loads((run_dir / "metrics.json").read_text()), background)
+    assert_same_background_run(report.read_metrics(run_dir / "metrics.json"), background)

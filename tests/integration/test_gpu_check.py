@@ -29,7 +29,7 @@ def gpu_check():
 def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, one_torch_thread, tmp_path):
     rows = gpu_check.run_cases(gpu_check.tiny_sizes(tmp_path), "cpu")
 
-    assert len(rows) == gpu_check.expected_rows("cpu") == 23
+    assert len(rows) == gpu_check.expected_rows("cpu") == 24
     for row in rows:
         assert math.isfinite(row.per_s) and row.per_s > 0, row
         assert row.seconds > 0 and row.repeats >= 1, row
@@ -46,7 +46,7 @@ def test_tiny_table_has_one_positive_cpu_row_per_case(gpu_check, ray_session, on
     assert "statistics bit for bit the CPU's" in heads["analytic-rp consolidate"]
     placed = [r for r in rows if r.case == "MARS pipeline"]  # each role's device as its own process resolved it
     assert [r.variant for r in placed] == [f"{role} (num_gpus 0.0)" for role in ("memory", "monitor", "stage1",
-                                                                                 "stage2")]
+                                                                                 "stage2", "predictor")]
 
     one, two = (r for r in rows if r.case == "LM answers (memcl lm)")
     assert (one.variant, two.variant) == ("1 replica (num_gpus 0)", "2 replicas (num_gpus 0)")
