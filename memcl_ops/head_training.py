@@ -62,15 +62,19 @@ class Stage2Config:
     gaussian_per_class: int = 256  # draws per earlier class and fit: fewer leave the replay's own noise in A_last [R]
     gaussian_shrink: float = 0.1  # shrinkage of a class covariance towards its mean variance (few rows, many dims) [R]
     gaussian_rank: int = 32  # a class covariance's kept directions; the rest of its trace is spread evenly [R]
+    # the teacher's anchor points and their logits stay within these bytes: past them the points of least routing
+    # mass go first, so a stream of ever more (slot, class) pairs keeps a bounded teacher [X]
+    teacher_bytes: int = 16 * 2**20
 
     def __post_init__(self) -> None:
         if self.init_scale <= 0:
             raise ValueError(f"stage2.init_scale must be > 0, got {self.init_scale}")
         if (self.lambda_gaussian < 0 or self.gaussian_per_class < 1 or not 0 < self.gaussian_shrink <= 1
-                or self.gaussian_rank < 0):
-            raise ValueError("stage2 needs lambda_gaussian >= 0, gaussian_per_class >= 1, 0 < gaussian_shrink <= 1 "
-                             f"and gaussian_rank >= 0, got {self.lambda_gaussian}, {self.gaussian_per_class}, "
-                             f"{self.gaussian_shrink}, {self.gaussian_rank}")
+                or self.gaussian_rank < 0 or self.teacher_bytes < 0):
+            raise ValueError("stage2 needs lambda_gaussian >= 0, gaussian_per_class >= 1, 0 < gaussian_shrink <= 1, "
+                             f"gaussian_rank >= 0 and teacher_bytes >= 0, got {self.lambda_gaussian}, "
+                             f"{self.gaussian_per_class}, {self.gaussian_shrink}, {self.gaussian_rank}, "
+                             f"{self.teacher_bytes}")
 
 
 
@@ -88,9 +92,11 @@ class Teacher:
     @classmethod
     @torch.no_grad()
     def snapshot(cls, router: FeatureMemory | None, head: GrowingLinearHead,
-                 anchors: tuple[torch.Tensor, np.ndarray, np.ndarray] | None = None) -> Teacher:
+                 anchors: tuple[torch.Tensor, np.ndarray, np.ndarray] | None = None,
+                 budget: int | None = None) -> Teacher:
         """The teacher at the end of a task; `anchors`: (points, their classes, their masses) other than the
-        memory's own anchors."""
+        memory's own anchors; `budget`: the anchors' bytes (points, logits, classes, masses) at most, the points of
+        most routing mass kept (ties in order)."""
         if router is None:
             return cls({}, head.state(), np.zeros((0, head.feature_dim), np.float32),
                        np.zeros((0, head.num_classes), np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32))
@@ -98,6 +104,11 @@ class Teacher:
             points = router.anchors()[0]
             anchors = points, np.full(len(points), -1, np.int64), np.zeros(len(points), np.float32)
         points, labels, mass = anchors
+        if budget is not None:
+            per_point = 4 * (points.shape[1] + head.num_classes) + 8 + 4
+            if len(points) * per_point > budget:
+                keep = np.sort(np.argsort(-np.asarray(mass), kind="stable")[:budget // per_point])
+                points, labels, mass = points[torch.from_numpy(keep)], np.asarray(labels)[keep], np.asarray(mass)[keep]
         return cls(router.state(), head.state(), points.numpy().copy(), head(points).numpy().copy(),
                    np.asarray(labels, np.int64).copy(), np.asarray(mass, np.float32).copy())
 

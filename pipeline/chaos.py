@@ -1,7 +1,8 @@
-"""Chaos mode (`runtime.chaos_seconds`): while the rounds stream, kill one actor of the run every SECONDS, whatever
-it is doing at that moment (streaming, committing, evaluating, being restored, reporting), the way preemption, OOM
-kills and node drains do on a cluster. The loop (pipeline/loop.py) restores the last committed state and replays,
-so a run under chaos ends with the fault-free run's result. Which role dies at each kill is drawn from the run's
+"""Chaos mode (`runtime.chaos_seconds`): from set-up to the stream's end, kill one actor of the run every SECONDS,
+whatever it is doing at that moment (starting, encoding the feature cache, streaming, committing, evaluating, being
+restored, reporting), the way preemption, OOM kills and node drains do on a cluster. Set-up starts again
+(pipeline/runner.py) and the loop (pipeline/loop.py) restores the last committed state and replays, so a run under
+chaos ends with the fault-free run's result. Which role dies at each kill is drawn from the run's
 seed; when a kill lands depends on the wall clock, which is what reaches the moments a seeded test does not pick."""
 
 from __future__ import annotations

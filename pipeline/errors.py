@@ -19,9 +19,10 @@ class RunInterrupted(KeyboardInterrupt):
 
 class RunStopped(RuntimeError):
     """A run that cannot go on (actor faults in a row past `runtime.max_recoveries`); `run_dir` keeps its last
-    committed checkpoint, so `<command> --resume run_dir` continues it (or what `next_step` says)."""
+    committed checkpoint, so `<command> --resume run_dir` continues it (or what `next_step` says; None: a run stopped
+    before it had a folder to continue, in set-up)."""
 
-    def __init__(self, why: str, run_dir: Path, command: str = "memcl run", next_step: str | None = None):
+    def __init__(self, why: str, run_dir: Path | None, command: str = "memcl run", next_step: str | None = None):
         super().__init__(why)
         self.why, self.run_dir, self.command = why, run_dir, command
         self.next_step = next_step or f"continue the run with: {command} --resume {run_dir}"

@@ -311,15 +311,18 @@ def encode_into_cache(config: RunConfig, source: ray.actor.ActorHandle, encoders
             bar = progress.bar(f"encode {split} ({encoders.id})", len(chunks))
             pending: deque[tuple[np.ndarray, ray.ObjectRef]] = deque()
             results = []
-            for chunk in chunks:
-                features, _ = encoders.encode(source.raw_rows.remote(split, chunk))
-                pending.append((chunk, features))
-                if len(pending) > config.runtime.max_in_flight * len(encoders.roles):
+            try:
+                for chunk in chunks:
+                    features, _ = encoders.encode(source.raw_rows.remote(split, chunk))
+                    pending.append((chunk, features))
+                    if len(pending) > config.runtime.max_in_flight * len(encoders.roles):
+                        results.append(_take(pending, bar))
+                while pending:
                     results.append(_take(pending, bar))
-            while pending:
-                results.append(_take(pending, bar))
-            bar.close()
-            cache.add(key, np.concatenate([r for r, _ in results]), np.concatenate([f for _, f in results]))
+            finally:  # an actor fault keeps what was encoded: set-up's replay encodes only the rest
+                bar.close()
+                if results:
+                    cache.add(key, np.concatenate([r for r, _ in results]), np.concatenate([f for _, f in results]))
             feats, missing = cache.lookup(key, rows)
         handed[split] = (ray.put(rows), ray.put(feats))
         ray.get(source.set_features.remote(split, *handed[split]))

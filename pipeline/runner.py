@@ -5,6 +5,7 @@ replay, commit, checkpoints, the run folder). `memcl run`, `memcl lm`, `memcl be
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -14,7 +15,8 @@ import ray
 import yaml
 
 from memcl.pipeline import preflight, run_folder
-from memcl.pipeline.actor_cache import ActorCache
+from memcl.pipeline.actor_cache import ActorCache, is_fault
+from memcl.pipeline.chaos import Chaos
 from memcl.pipeline.config import RunConfig, dump_config, load_config
 from memcl.pipeline.errors import RunInterrupted, RunStopped
 from memcl.pipeline.features import FeaturePipeline
@@ -25,6 +27,7 @@ from memcl.pipeline.nsr import NSRPipeline
 from memcl.pipeline.progress import Progress
 from memcl.pipeline.roles import BatchHook, RunResult, StreamPipeline, ensure_ray, stream_source
 from memcl_ops.data.sources import StreamInfo
+from memcl_ops.spec import MethodSpec
 
 log = logging.getLogger("memcl")
 
@@ -78,12 +81,8 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
         bars = Progress(enabled=config.runtime.progress if progress is None else progress)
         try:
             t0 = time.perf_counter()
-            encoding = 0.0
-            if spec.family == "nsr":
-                pipe: StreamPipeline = NSRPipeline(config, info, actors)
-            else:
-                pipe = FeaturePipeline(config, spec, info, actors, bars)
-                encoding = pipe.encoding_seconds
+            pipe = set_up(config, spec, info, actors, bars, run_dir)
+            encoding = getattr(pipe, "encoding_seconds", 0.0)
             metrics = {"method": config.method.name, "seed": config.seed, "class_names": info.extra.get("class_names")}
             try:
                 return stream(pipe, run_dir, resume is not None, config.runtime, bars, metrics, started=started,
@@ -93,7 +92,9 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
                 pipe.close()
         except KeyboardInterrupt:
             raise RunInterrupted(run_dir) from None
-        except RunStopped:
+        except RunStopped as stop:
+            if stop.run_dir is None and resume is None and given_dir is None:
+                discard_unstarted(run_dir)  # stopped in set-up: nothing to resume
             raise  # its checkpoint is what --resume continues from
         except Exception:
             if resume is None and given_dir is None:
@@ -104,6 +105,41 @@ def run(config: RunConfig | LMRunConfig | None = None, *, run_dir: Path | None =
             lock.release()
         if own:
             actors.close()
+
+
+def set_up(config: RunConfig, spec: MethodSpec, info: StreamInfo, actors: ActorCache | LocalActors, bars: Progress,
+           run_dir: Path) -> StreamPipeline:
+    """The run's pipeline: its roles started and the feature cache filled. An actor fault replays set-up from its
+    start, as the loop replays a round (a dead actor starts anew; the cache keeps what was encoded, so only the rest
+    is encoded again), with the same budget of `runtime.max_recoveries` faults in a row; chaos mode kills actors here
+    too. Past the budget: RunStopped without a folder to resume (`run_dir` None), saying to run the command again."""
+    rt = config.runtime
+    chaos = (Chaos(actors, lambda: list(actors.handles), rt.chaos_seconds, config.seed)
+             if rt.chaos_seconds and not actors.local else contextlib.nullcontext())
+    faults = 0
+    with chaos:
+        while True:
+            try:
+                if faults:
+                    stream_source(config, actors)
+                    info = actors.call("source", "describe")
+                if spec.family == "nsr":
+                    return NSRPipeline(config, info, actors)
+                return FeaturePipeline(config, spec, info, actors, bars)
+            except Exception as err:
+                if actors.local or not is_fault(err):
+                    raise
+                faults += 1
+                role = actors.role_of(err)
+                where = f"the {role} actor" if role else "an actor"
+                if faults > rt.max_recoveries:
+                    raise RunStopped(f"setting up the run (its actors, the feature cache's encoding): {faults} actor "
+                                     f"faults in a row (runtime.max_recoveries = {rt.max_recoveries}), the last in "
+                                     f"{where} ({type(err).__name__})", None,
+                                     next_step="run the same command again: the feature cache keeps what was "
+                                               "encoded") from err
+                log.warning("actor fault setting up the run (%s, %s); starting set-up again", where,
+                            type(err).__name__)
 
 
 def warn_unnamed_labels(info: StreamInfo) -> None:

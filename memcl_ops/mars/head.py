@@ -80,7 +80,7 @@ class DistillHead:
         if self.distills:
             points = (self.class_anchors.points(memory) if self.class_anchors is not None and memory is not None
                       else None)
-            self.teacher = Teacher.snapshot(memory, self.head, points)
+            self.teacher = Teacher.snapshot(memory, self.head, points, self.config.teacher_bytes)
 
     def known_classes(self) -> np.ndarray:
         return np.asarray(self.head.classes, np.int64)

@@ -9,6 +9,7 @@ import ray
 
 from memcl.pipeline import checkpoint, report, runner
 from memcl.pipeline.config import dump_config, load_config
+from memcl.pipeline.encoder_pool import EncoderPool
 from memcl.pipeline.errors import RunStopped
 from tests.killing import AIMS, kill_driver_at_checkpoint, killer, memcl, phase_killer, restarted_quietly
 
@@ -182,3 +183,29 @@ def test_a_driver_killed_while_a_consolidation_runs_in_the_background_resumes_to
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
     assert_same_background_run(report.read_metrics(run_dir / "metrics.json"), background)
+
+
+def test_an_encoder_killed_while_the_feature_cache_fills_is_replayed(actors, tmp_path, monkeypatch, caplog):
+    """Set-up replays an actor fault as a round does: the encoder, killed for good while the stream is encoded into
+    the feature cache, starts anew; only the rows not yet cached are encoded again, and the run ends as the
+    fault-free one."""
+    fault_free = runner.run(config(tmp_path / "a", **{"runtime.cache_dir": str(tmp_path / "cache_a")}),
+                            actors=actors).metrics
+    submitted = []
+    encode = EncoderPool.encode
+
+    def encode_then_kill(pool, rows):
+        refs = encode(pool, rows)
+        submitted.append(len(ray.get(rows)))
+        if len(submitted) == 13:  # the third of the test split's chunks (the 300 training rows are cached already)
+            ray.kill(actors.handle(pool.roles[0]), no_restart=True)
+        return refs
+
+    monkeypatch.setattr(EncoderPool, "encode", encode_then_kill)
+    with caplog.at_level("WARNING", logger="memcl"):
+        metrics = runner.run(config(tmp_path / "b", **{"runtime.cache_dir": str(tmp_path / "cache_b")}),
+                             actors=actors).metrics
+    assert sum("actor fault setting up the run" in r.getMessage() for r in caplog.records) == 1
+    assert 500 < sum(submitted) < 500 + 200  # rows encoded: those lost with the actor again, not the whole split
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"]), np.array(fault_free["acc_matrix"]))
+    assert metrics["prequential"] == fault_free["prequential"] and metrics["samples"] == fault_free["samples"]

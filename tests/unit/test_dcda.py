@@ -84,6 +84,25 @@ def test_teacher_state_roundtrip():
         np.testing.assert_array_equal(back.state()[k], v)
 
 
+def test_a_teacher_past_its_byte_budget_keeps_the_anchor_points_of_most_mass():
+    router = SlotRouter(8, RouterConfig(initial_slots=3))
+    head = GrowingLinearHead(8)
+    head.grow([0, 1, 2])
+    rng = np.random.default_rng(0)
+    points = torch.from_numpy(rng.normal(size=(50, 8)).astype(np.float32))
+    labels, mass = rng.integers(0, 3, 50), rng.permutation(50).astype(np.float32) + 1
+    whole = Teacher.snapshot(router, head, (points, labels, mass))
+    per_point = sum(v.nbytes for k, v in whole.state().items() if k.startswith("anchor")) // 50
+    for kept in (1, 7, 50):
+        teacher = Teacher.snapshot(router, head, (points, labels, mass), budget=kept * per_point + per_point - 1)
+        anchors = sum(v.nbytes for k, v in teacher.state().items() if k.startswith("anchor"))
+        assert anchors == kept * per_point
+        chosen = np.flatnonzero(mass > 50 - kept)  # the masses are 1..50: the top `kept`, in their order
+        np.testing.assert_array_equal(teacher.anchors, points.numpy()[chosen])
+        np.testing.assert_array_equal(teacher.anchor_labels, labels[chosen])
+        np.testing.assert_array_equal(teacher.anchor_logits, whole.anchor_logits[chosen])
+
+
 @pytest.mark.parametrize("query_init", ["identity", "orthogonal"])
 def test_stage1_without_query_training_keeps_w_q_and_matches_the_per_minibatch_computation(query_init):
     x, y = separable(spread=1.0)
