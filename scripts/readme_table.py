@@ -16,7 +16,7 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BEGIN, END = "<!-- default-run-table: scripts/readme_table.py writes it -->", "<!-- /default-run-table -->"
-RUNS = (("MARS", "mars"), ("finetune", "finetune"))
+RUNS = (("MARS", "mars-memcl"), ("finetune", "finetune"))
 
 
 def measure(out: str) -> dict[str, dict]:

@@ -11,7 +11,7 @@ from tests.killing import killer
 
 pytestmark = pytest.mark.ray
 
-DRIFT = {"method.name": "mars", "data.dataset": "drift", "data.drift.visits": 10, "data.drift.tasks": 4,
+DRIFT = {"method.name": "mars-memcl", "data.dataset": "drift", "data.drift.visits": 10, "data.drift.tasks": 4,
          "data.drift.dim": 16, "data.drift.train_per_visit": 100, "data.drift.test_per_task": 20,
          "data.drift.batch_size": 50, "data.drift.shifts": 1, "method.router.initial_slots": 4,
          "method.stage2.optim.epochs": 2, "runtime.progress": False, "runtime.checkpoint": False}
