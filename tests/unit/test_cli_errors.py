@@ -194,5 +194,5 @@ def test_check_reads_the_first_files_of_an_arrow_folder(tmp_path, capsys):
     assert check("data.payload=text") == (2, "memcl: error: data.payload: text, but train/1.parquet has no text "
                                              "column; it carries features: set data.payload=features")
     for dim in (15, 16, 17):
-        assert check(f"data.feature_dim={dim}") == (0, f"memcl: the run can start: mars (features) on "
+        assert check(f"data.feature_dim={dim}") == (0, f"memcl: the run can start: mars-memcl (features) on "
                                                        f"arrow:{tmp_path}, features as given (no encoder)")
