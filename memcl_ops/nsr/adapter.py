@@ -67,6 +67,7 @@ class NSRConfig:
     kd_temperature: float = 2.0  # T [R]
     probe_size: int = 256  # the task key is the mean LoRA-off feature of the visit's first rows [R]
     recovery_tolerance: float = 0.01  # a returning task is back when within this of its previous best [R]
+    recovery_fraction: float = 0.0  # ... or at this fraction of it (METHODS [R]: 0.95); 0: the tolerance alone
     recovery_max_steps: int = 100  # steps tracked per returning visit; a task not back by then is censored
 
     @property
@@ -135,14 +136,21 @@ RECOVERY_EPS = 1e-9  # accuracies are ratios of counts; absorbs float error in "
 
 @dataclass
 class RecoveryTracker:
-    """Optimizer steps until a returning task is back within `tolerance` of its previous best accuracy
-    (docs/methods.md, "NSR"): step 0 is the accuracy right after the arrival decision, before any training."""
+    """Optimizer steps until a returning task is back within `tolerance` of its previous best accuracy, or at
+    `fraction` of it (docs/methods.md, "NSR"): step 0 is the accuracy right after the arrival decision, before any
+    training."""
 
     previous_best: float
     tolerance: float
     max_steps: int
+    fraction: float = 0.0  # also back at this fraction of the previous best
     curve: list[tuple[int, float]] = field(default_factory=list)
     recovered_at: int | None = None
+
+    @property
+    def target(self) -> float:
+        within = self.previous_best - self.tolerance
+        return (min(within, self.fraction * self.previous_best) if self.fraction > 0 else within) - RECOVERY_EPS
 
     @property
     def done(self) -> bool:
@@ -152,11 +160,11 @@ class RecoveryTracker:
         if self.done:
             return
         self.curve.append((step, accuracy))
-        if accuracy >= self.previous_best - self.tolerance - RECOVERY_EPS:
+        if accuracy >= self.target:
             self.recovered_at = step
 
     def report(self) -> dict:
-        return {"previous_best": self.previous_best, "recovered_at": self.recovered_at,
+        return {"previous_best": self.previous_best, "target": self.target, "recovered_at": self.recovered_at,
                 "censored": self.recovered_at is None, "curve": [list(p) for p in self.curve]}
 
 

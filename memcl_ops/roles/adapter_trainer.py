@@ -110,7 +110,8 @@ class AdapterTrainer:
             self.tracker, self.eval_batches = None, eval_batches
             if previous_best is not None and self.rank == 0:  # worker 0 reports the group's recovery
                 cfg = self.config
-                self.tracker = RecoveryTracker(previous_best, cfg.recovery_tolerance, cfg.recovery_max_steps)
+                self.tracker = RecoveryTracker(previous_best, cfg.recovery_tolerance, cfg.recovery_max_steps,
+                                               cfg.recovery_fraction)
                 self._track()
 
     def _track(self) -> None:
