@@ -3,7 +3,7 @@ returning tasks with the bank against memoryless allocation, forgetting, and the
 only the allocation rule changed: similarity, round-robin, a learned policy).
 
 Stream and model: pipeline/configs/nsr-bbc-recurring.yaml — BBC News (offline) as five binary topic tasks, three
-cycles, each cycle in an order drawn per seed; every visit streams 80 texts per class no earlier visit of its task
+cycles, each cycle in an order drawn per seed; every visit streams 64 texts per class no earlier visit of its task
 streamed, the test split held back; the pretrained all-MiniLM-L6-v2 with LoRA r = 8 on query/value, in this process
 (`runner.run(in_process=True)`: the same loop and roles as `memcl run`, without actors). Each rule runs the same
 stream with the same seed:
@@ -20,7 +20,7 @@ stream with the same seed:
 * fresh-heads, keep-heads   the same, keeping each task's head: what they lose is the adapter alone
 
 Recovery of a returning visit = Adam steps until accuracy on the task's test rows is within 1 point of its previous
-best or at 95 % of it (step 0 = right after the arrival decision); tracking ends with the visit (20 steps), a task
+best or at 95 % of it (step 0 = right after the arrival decision); tracking ends with the visit (16 steps), a task
 not back by then is censored. BWT and forgetting are the run's (docs/methods.md, "Metrics": every visit's row
 counts); task-agnostic accuracy answers each test batch through the bank entry nearest its key.
 
@@ -267,17 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rules", nargs="+", default=list(RULES), choices=list(RULES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (rows, cycle order, adapter init)")
-    parser.add_argument("--policy-seeds", type=int, nargs="+", default=[100, 101],
+    parser.add_argument("--policy-seeds", type=int, nargs="+", default=[100],
                         help="seeds of the learned policy's training runs (never evaluated)")
     parser.add_argument("--policy-weights", help="a JSON list of trained weights: skip the policy's training")
     parser.add_argument("--cycles", type=int, default=3, help="times every task is visited (config: 3)")
-    parser.add_argument("--train-per-class", type=int, help="training texts per class and visit (config: 80)")
-    parser.add_argument("--test-per-class", type=int, help="test texts per class (config: 30)")
+    parser.add_argument("--train-per-class", type=int, help="training texts per class and visit (config: 64)")
+    parser.add_argument("--test-per-class", type=int, help="test texts per class (config: 24)")
     parser.add_argument("--max-length", type=int, help="tokens per text (config: 32)")
     parser.add_argument("--probe", type=int, help="rows of a visit that make its task key (config: 64)")
     parser.add_argument("--out", default="runs/nsr_recovery", help="parent folder of the run folders")
     parser.add_argument("--json", help="also write the per-run rows (and the policy's weights) as JSON here")
-    parser.add_argument("--from-json", help="print the table of the runs a --json file holds; run nothing")
+    parser.add_argument("--from-json", nargs="+", help="print the table of the runs --json files hold; run nothing")
     parser.add_argument("--key-cosines", type=int, metavar="SEED", help="print task-key cosines of SEED's rows")
     args = parser.parse_args(argv)
 
@@ -285,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         key_cosines(args.key_cosines)
         return 0
     if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        weights, rows = saved["policy_weights"], saved["rows"]
+        saved = [json.loads(Path(f).read_text()) for f in args.from_json]
+        weights = next((s["policy_weights"] for s in saved if s["policy_weights"] is not None), None)
+        rows = sorted((r for s in saved for r in s["rows"]), key=lambda r: (list(RULES).index(r["rule"]), r["seed"]))
     else:
         weights, rows = json.loads(args.policy_weights) if args.policy_weights else None, []
         if "learned" in args.rules and weights is None:
