@@ -261,7 +261,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 OWN_DATA = [  # the data sources that are not a fixed dataset (memcl_ops/data/sources.py)
-    ("synthetic", "features", "Gaussian class clusters in feature space (data.synthetic.*)"),
+    ("synthetic", "features/text", "Gaussian class clusters in feature space, or texts of class-owned nouns "
+                                   "(data.synthetic.*)"),
     ("drift", "features", "recurring tasks under drift and abrupt shifts (data.drift.*)"),
     ("arrow:<folder>", "any", "your own Parquet / Arrow IPC files: <folder>/train/, <folder>/test/ (docs/guide.md)"),
     ("image-folder:<folder>", "image", "<folder>/{train,test}/<class>/*.png|jpg (data.image_size resizes)"),
