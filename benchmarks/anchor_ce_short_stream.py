@@ -1,8 +1,8 @@
 """MARS's accuracy on the task it has just seen, by the weight of CE at its class anchors, on the short stream of
 tests/integration/test_methods_pipeline.py (4 tasks of 2 synthetic classes, 5 stage-2 epochs, 4 slots; seed 0):
-the plasticity the anchor CE costs where a task gets few epochs.
+the plasticity the anchor CE costs where a task gets few epochs (weights 0, 0.3 and 1).
 
-    python -m benchmarks.anchor_ce_short_stream     # from the repository root: mars and mars-paper-signal at 0, 0.3, 1
+    python -m benchmarks.anchor_ce_short_stream  # from the repository root: mars-memcl, mars-memcl-paper-signal
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main() -> None:
     print("| method | lambda_anchor_ce | diagonal (each task right after its visit) | last row |")
     print("|---|---|---|---|")
     try:
-        for name in ("mars", "mars-paper-signal"):
+        for name in ("mars-memcl", "mars-memcl-paper-signal"):
             for weight in WEIGHTS:
                 with tempfile.TemporaryDirectory() as folder:
                     config = tiny(Path(folder), name)

@@ -24,7 +24,7 @@ def run(weighting: str, seed: int) -> None:
     config = load_config(None, {**suite("synthetic-drift").overrides, "method.stage2.anchor_weighting": weighting})
     spec = config.data.drift
     stream = DriftStream(spec)
-    learner = build_learner("mars", config.method, seed=seed, feature_dim=spec.dim)
+    learner = build_learner("mars-memcl", config.method, seed=seed, feature_dim=spec.dim)
     for visit, task in enumerate(stream.visits):
         learner.begin_round(Round(visit, task, tuple(stream.classes(task))))
         for index in range(int(np.ceil(spec.train_per_visit / spec.batch_size))):

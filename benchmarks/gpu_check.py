@@ -7,7 +7,7 @@ bracketed by torch.cuda.synchronize()):
   architecture's): in-process (`Encoder.features` on one raw batch, features left on the device) vs one Encoder actor
   vs two replicas sharing the GPU (`num_gpus` 0.5 each) through the pipeline's EncoderPool, fed the same raw batch
   by reference;
-* the MARS learner (`build_learner("mars", ...)`) on random class-structured features: observe (routing, anchor
+* the MARS learner (`build_learner("mars-memcl", ...)`) on random class-structured features: observe (routing, anchor
   statistics, SGSE) and consolidate (DCDA stages 1 and 2 on the learner's device), on the GPU and on the CPU;
 * the baselines' trained heads (DER++, EWC, joint) and an analytic head (analytic-rp) on the learner's device over
   two tasks: each consolidation's throughput there, and what it learned against the same learner on the CPU (the
@@ -251,7 +251,7 @@ def mars_rows(sizes: Sizes, device: str) -> list[Row]:
     batches = feature_batches(sizes)
     observe, consolidate = [], []
     for repeat in range(sizes.warmup + sizes.repeats):
-        learner = build_learner("mars", config, feature_dim=sizes.mars_dim, device=device)
+        learner = build_learner("mars-memcl", config, feature_dim=sizes.mars_dim, device=device)
         learner.begin_round(Round(0, None, None))
         synchronize(device)
         start = time.perf_counter()

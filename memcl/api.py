@@ -18,7 +18,7 @@ __all__ = ["METHODS", "LMMethodConfig", "LMResult", "LMRunConfig", "MethodConfig
            "build_learner", "run", "run_in_process"]
 
 
-def run(method: str = "mars", settings: dict[str, Any] | None = None, *, config: str | Path | None = None,
+def run(method: str = "mars-memcl", settings: dict[str, Any] | None = None, *, config: str | Path | None = None,
         seed: int = 0, progress: bool = False) -> RunResult | LMResult:
     """Run one registered method on a stream through the Ray pipeline (a local Ray is started if none runs).
     `settings`: dotted keys over the embedded default config (or over the YAML file `config`); `seed`: the run's
@@ -29,7 +29,7 @@ def run(method: str = "mars", settings: dict[str, Any] | None = None, *, config:
     return runner.run(_run_config(method, settings, config, seed), progress=progress)
 
 
-def run_in_process(method: str = "mars", settings: dict[str, Any] | None = None, *,
+def run_in_process(method: str = "mars-memcl", settings: dict[str, Any] | None = None, *,
                    config: str | Path | None = None, seed: int = 0) -> RunResult | LMResult:
     """The same run as `run`, its roles held in this process instead of Ray actors: the same round loop, flows,
     predictions sink, late labels, dead letters and run folder (`result.matrix`: the accuracy matrix). A

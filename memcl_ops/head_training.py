@@ -33,7 +33,7 @@ NO_DISTILL = {"stage2": {"lambda_lwf": 0.0, **NO_OLD_CLASS_TERMS}}
 class Stage2Config:
     optim: OptimConfig = OptimConfig(epochs=10)  # the head's epochs per round [R]
     # LwF's weight: 0.3, as the other old-class terms, since the anchors and the Gaussian replay already keep the
-    # old classes (RESULTS.md, "Each class's own covariance"); `lwf` and `mars-paper` fix 1 [R]
+    # old classes (RESULTS.md, "Each class's own covariance"); `lwf` and `mars` fix 1 [R]
     lambda_lwf: float = 0.3
     lambda_anchor: float = 1.0  # weight of the anchor KD that keeps the old head's answers at the anchors [R]
     temperature: float = 3.0  # KD temperature T [S]

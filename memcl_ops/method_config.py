@@ -23,7 +23,7 @@ from memcl_ops.nsr.adapter import NSRConfig
 class MethodConfig:
     """Every method knob, with its default (the [R] ones documented where they are used)."""
 
-    name: str = "mars"  # a registered method (`memcl list methods`)
+    name: str = "mars-memcl"  # a registered method (`memcl list methods`)
     router: RouterConfig = RouterConfig()
     sgse: SGSEConfig = SGSEConfig()
     stage1: Stage1Config = Stage1Config()

@@ -52,8 +52,13 @@ class MethodSpec:
     # what labels the head learns from: the current block only ("current"), or also earlier blocks' labels it
     # keeps in its own (byte-counted) memory ("seen"); never those of blocks not streamed yet
     uses_labels_of: str = "current"
-    # what the method is in a comparison: "memcl" (ours), "baseline", "ablation" (of MARS) or "upper-bound"
+    # what the method is in a comparison: "paper" (a paper's method as its sources write it), "memcl" (ours: memcl's
+    # methods and its extensions of a paper's), "baseline", "ablation" (of a paper's method or of memcl's) or
+    # "upper-bound"
     role: str = "memcl"
+    # a rehearsal buffer of stored rows: (its size's setting under `method.`, in rows; its memory-report entry), so a
+    # bench can give it the bytes of the method it is compared with (`memcl bench --equal-bytes`)
+    buffer: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES or not self.tags <= TAGS.keys() or (

@@ -219,14 +219,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     folder = Path(args.bench_out) / args.suite
     if args.render:
         rows = bench.read_runs(folder)
-        bench.write_results(folder, bench.suite(args.suite), rows, max(r.seed for r in rows) + 1)
+        bench.write_results(folder, bench.suite(args.suite), rows, max(r.seed for r in rows) + 1,
+                            bench.read_notes(folder))
     else:
-        methods = [preflight.method(m.strip()).name for m in args.methods.split(",") if m.strip()] \
-            if args.methods else None
-        rows = bench.bench(args.suite, seeds=args.seeds, methods=methods, out=args.bench_out,
-                           overrides=_overrides(args), progress=args.progress, fan_out=args.fan_out)
+        names = lambda text: [preflight.method(m.strip()).name for m in text.split(",") if m.strip()]  # noqa: E731
+        rows = bench.bench(args.suite, seeds=args.seeds, methods=names(args.methods) if args.methods else None,
+                           out=args.bench_out, overrides=_overrides(args), progress=args.progress,
+                           fan_out=args.fan_out, equal_bytes=names(args.equal_bytes) if args.equal_bytes else None)
     print()
-    print(bench.markdown(bench.suite(args.suite), bench.aggregate(rows), max(r.seed for r in rows) + 1))
+    print(bench.markdown(bench.suite(args.suite), bench.aggregate(rows), max(r.seed for r in rows) + 1,
+                         bench.read_notes(folder)))
     print(f"tables, curves and runs: {folder}")
     return 0
 
@@ -259,7 +261,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 OWN_DATA = [  # the data sources that are not a fixed dataset (memcl_ops/data/sources.py)
-    ("synthetic", "features", "Gaussian class clusters in feature space (data.synthetic.*)"),
+    ("synthetic", "features/text", "Gaussian class clusters in feature space, or texts of class-owned nouns "
+                                   "(data.synthetic.*)"),
     ("drift", "features", "recurring tasks under drift and abrupt shifts (data.drift.*)"),
     ("arrow:<folder>", "any", "your own Parquet / Arrow IPC files: <folder>/train/, <folder>/test/ (docs/guide.md)"),
     ("image-folder:<folder>", "image", "<folder>/{train,test}/<class>/*.png|jpg (data.image_size resizes)"),
@@ -372,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--fan-out", type=float, nargs="?", const=1.0, default=0.0, metavar="CPUS",
                      help="run the (method, seed) runs side by side over the cluster (--address), on bench workers "
                           "of CPUS each (default 1); the tables are the sequential bench's")
+    ben.add_argument("--equal-bytes", metavar="METHOD,...",
+                     help="after the methods compared, run each one with a rehearsal buffer (derpp) again per METHOD "
+                          "with the largest buffer within METHOD's memory bytes (row derpp@METHOD)")
     ben.add_argument("--render", action="store_true", help="re-write the tables and plot from <out>/<suite>/runs.csv")
     ben.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value of the suite")
     ben.set_defaults(func=cmd_bench)

@@ -8,10 +8,13 @@ feature cache. Per visit of a task (one round):
     then every seen task is evaluated: with its bank entry (or the active capacity for the memoryless
     allocations and for evicted tasks).
 
-Allocations (docs/methods.md, "NSR"): "bank" is NSR's similarity rule; "fresh" and "keep" (methods nsr-fresh,
-nsr-keep) the memoryless rules. For a returning task the trainer tracks accuracy after the arrival decision and
-after every step until it is back within `recovery_tolerance` of its previous best (the best accuracy measured
-while it was the active task, read from the round log).
+Allocations (docs/methods.md, "NSR"): "bank" is NSR's similarity rule, "round-robin" and "learned" other rules on
+the same bank; "fresh" and "keep" (methods nsr-fresh, nsr-keep; with task_heads nsr-fresh-heads, nsr-keep-heads) the
+memoryless rules. For a returning task the trainer tracks accuracy after the arrival decision and after every step
+until it is back within `recovery_tolerance` of its previous best (the best accuracy measured while it was the
+active task, read from the round log). At the end a bank's run also answers every task's test batches without
+their task id, each batch through the entry nearest its key (`task_agnostic` in metrics.json), and counts its false
+restores (an entry of another task restored) and missed ones (a returning task whose entry was kept, not restored).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from memcl.pipeline.local import LocalActors
 from memcl.pipeline.progress import Reports
 from memcl.pipeline.roles import Roles, RoundEnd, RunState, round_label
 from memcl.pipeline.trainer_group import TrainerGroup
+from memcl_ops.arrow import schema as S
 from memcl_ops.data.sources import StreamInfo
 from memcl_ops.methods import method_spec
 from memcl_ops.nsr.adapter import probe_full
@@ -74,10 +78,10 @@ class NSRPipeline:
                                      rt.prequential.near_future, replicated=REPLICATED)
         self.trainer_info = actors.call("adapter_trainer", "info")
         names = ["source", *self.trainers.workers]
-        self.banks = self.nsr.allocation == "bank"  # the memoryless rules keep nothing beyond the active capacity
-        if self.banks:
-            actors.get("memory", MemoryManager, rt.actor_options("memory"),
-                       nsr_stores(self.nsr), rt.actor_threads)
+        self.banks = self.nsr.banked  # the memoryless rules keep nothing beyond the active capacity (and heads)
+        self.stores = nsr_stores(self.nsr)
+        if self.stores:
+            actors.get("memory", MemoryManager, rt.actor_options("memory"), self.stores, rt.actor_threads)
             names.append("memory")
         self.roles = Roles(actors, names, copies=self.trainers.copies)
         self.x, self.runtime = actors.executor(self._handle), rt
@@ -119,8 +123,8 @@ class NSRPipeline:
         if not probe_full(now.rows, self.nsr.probe_size) and index < now.batches - 1:
             return None
         now.tests = self.test_refs(now.task, visit, letters)
-        now.key, now.plan = self.flow.arrive(list(now.held), self.info.task_classes[now.task], now.previous_best,
-                                             now.tests)
+        now.key, now.plan = self.flow.arrive(list(now.held), self.info.task_classes[now.task], now.task,
+                                             now.previous_best, now.tests)
         return [self.flow.train(b) for b in now.held][-1]
 
     def end_round(self, state: RunState, reports: Reports, *, final: bool) -> RoundEnd:
@@ -141,9 +145,9 @@ class NSRPipeline:
         return [[self.info.visits[v]] for v in visits]
 
     def evaluate(self, tasks: list[int], after_visit: int, letters: list, reports: Reports) -> dict[int, float]:
-        """Each task through its bank entry (bank allocation; the active capacity for an evicted task), or through
-        the active capacity (memoryless allocations: one task solution held at a time); the visit's own task as its
-        end measured it."""
+        """Each task through its bank entry (the bank's rules; the active capacity for an evicted task), or through
+        the active capacity (memoryless allocations: one task solution held at a time; with task_heads the task's own
+        head on the active adapter); the visit's own task as its end measured it."""
         now, bars = self.visit, reports.progress
         refs = {t: self.flow.evaluate(t, self.info.task_classes[t], self.test_refs(t, after_visit, letters))
                 for t in tasks if t != now.task}
@@ -162,7 +166,7 @@ class NSRPipeline:
         self.roles.restore(parts)
 
     def memory_report(self) -> dict[str, int]:
-        return self.x.get(self.x.call("memory", "memory_report")) if self.banks else {}
+        return self.x.get(self.x.call("memory", "memory_report")) if self.stores else {}
 
     def learned_counts(self) -> tuple[int, int]:
         return self.x.get(self.x.call("adapter_trainer", "learned_counts"))
@@ -171,9 +175,32 @@ class NSRPipeline:
         """Nothing to release: this family streams through classic actor calls only."""
 
     def finish(self, state: RunState) -> dict:
-        return {"allocation": self.nsr.allocation, "adapter": self.trainer_info,
-                "recovery": recovery_summary(state.records("round_log")),
-                "bank": self.x.get(self.x.call("memory", "call", "bank", "bank_summary")) if self.banks else None}
+        log = state.records("round_log")
+        return {"allocation": self.nsr.allocation, "task_heads": self.nsr.task_heads, "adapter": self.trainer_info,
+                "recovery": recovery_summary(log), "arrivals": arrival_summary(log),
+                "bank": self.x.get(self.x.call("memory", "call", "bank", "bank_summary")) if self.banks else None,
+                "task_agnostic": self.task_agnostic(state) if self.banks else None}
+
+    def task_agnostic(self, state: RunState) -> dict:
+        """Every seen task's test batches after the last visit, answered without their task id: each batch through
+        the bank entry nearest its key. Accuracy (all rows, and per task) and the share of batches routed to their
+        own task's entry."""
+        x, last = self.x, len(self.info.visits) - 1
+        classes = {t: list(c) for t, c in enumerate(self.info.task_classes)}
+        batches = [(task, x.call("source", "test_batch", task, k, last)[0]) for task in sorted(state.seen_tasks)
+                   for k in range(self.info.test_batches[task])]
+        batches = [(task, batch) for task, batch in ((t, x.get(b)) for t, b in batches) if batch is not None]
+        answers = [(task, batch, self.flow.predict_agnostic(batch, classes)) for task, batch in batches]
+        right, rows, routed, per_task = 0, 0, 0, {}
+        for task, batch, answer in answers:
+            predicted, through = x.get(answer)
+            hits = int((predicted == S.labels_to_numpy(batch)).sum())
+            right, rows, routed = right + hits, rows + batch.num_rows, routed + (through == task)
+            done = per_task.setdefault(task, [0, 0])
+            done[0], done[1] = done[0] + hits, done[1] + batch.num_rows
+        return {"accuracy": right / rows if rows else None, "batches": len(answers),
+                "routed_to_own_task": routed / len(answers) if answers else None,
+                "per_task": {t: h / n for t, (h, n) in per_task.items()}}
 
 
 def previous_best(round_log: list[dict], task: int) -> float:
@@ -182,6 +209,23 @@ def previous_best(round_log: list[dict], task: int) -> float:
     measured = [a for e in round_log if e["task"] == task
                 for a in [e["acc_live"], *[a for _, a in (e["recovery"] or {}).get("curve", [])]]]
     return max([0.0, *(a for a in measured if not np.isnan(a))])
+
+
+def arrival_summary(round_log: list[dict]) -> dict:
+    """How the visits started, and the bank's mistakes: a false restore restores another task's entry; a missed
+    restore leaves a returning task's kept entry unrestored (its key fell below the rule's bar)."""
+    kinds: dict[str, int] = {}
+    false, missed = [], []
+    for e in round_log:
+        kinds[e["arrival"]] = kinds.get(e["arrival"], 0) + 1
+        retrieval = e.get("retrieval") or {}
+        if e["arrival"] == "restore" and retrieval["tasks"][0] != e["task"]:
+            false.append(e["visit"])
+        own = str(e["task"]) in {str(t) for t in retrieval.get("similarities", {})}
+        if own and e["arrival"] != "restore":
+            missed.append(e["visit"])
+    return {"kinds": kinds, "false_restores": len(false), "false_restore_visits": false,
+            "missed_restores": len(missed), "missed_restore_visits": missed}
 
 
 def recovery_summary(round_log: list[dict]) -> dict:

@@ -172,7 +172,8 @@ def _check_nsr(spec: MethodSpec, config: RunConfig) -> None:
 def payload_of(config: RunConfig) -> str:
     """What the stream's rows carry, known from the config: "features" (no encoder needed), "text" or "image"."""
     dataset = config.data.dataset
-    return (DATASETS[dataset].payload if dataset in DATASETS else "features" if dataset in ("synthetic", "drift")
+    return (DATASETS[dataset].payload if dataset in DATASETS else config.data.synthetic.payload
+            if dataset == "synthetic" else "features" if dataset == "drift"
             else "image" if dataset.startswith("image-folder:") else config.data.payload)
 
 

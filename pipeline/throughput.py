@@ -106,9 +106,9 @@ def bare_loop(encoder: Encoder, ds: Dataset, rows: np.ndarray, case: Case) -> tu
         feats = cached[k] if cached is not None else encoder.encode(raw_batch(ds, chunks[k]))
         return S.feature_batch(chunks[k], feats, ds.train_y[chunks[k]])  # built per batch, as the source does
 
-    learner = build_learner("mars", MethodConfig(), feature_dim=encoder.dim)
+    learner = build_learner("mars-memcl", MethodConfig(), feature_dim=encoder.dim)
     learner.observe(gate(features(0), contract)[0])  # warm-up, as the pipeline's actors are before they are timed
-    learner = build_learner("mars", MethodConfig(), feature_dim=encoder.dim)
+    learner = build_learner("mars-memcl", MethodConfig(), feature_dim=encoder.dim)
     start, cpu = time.perf_counter(), time.process_time()
     for k in range(len(chunks)):
         learner.observe(gate(features(k), contract)[0])

@@ -25,7 +25,7 @@ FEATURE_METHODS = [
                head="distill", fixed={"stage2": {"lambda_lwf": 1.0, **NO_OLD_CLASS_TERMS}}, role="baseline"),
     MethodSpec("ewc", "online EWC: CE + diagonal-Fisher penalty on the head", head="ewc", role="baseline"),
     MethodSpec("derpp", "DER++: CE + logit and label replay from a reservoir buffer of features", head="derpp",
-               uses_labels_of="seen", role="baseline"),
+               uses_labels_of="seen", role="baseline", buffer=("derpp.buffer_size", "head.buffer")),
     MethodSpec("simplecil", "SimpleCIL: cosine nearest class mean, no training", head="nearest-mean", role="baseline"),
     MethodSpec("slda", "Streaming LDA: class means and one shared covariance, exact streaming sums, no training",
                head="slda", role="baseline"),

@@ -22,8 +22,11 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+
+from memcl_ops.data.text_tasks import NOUNS
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
@@ -242,7 +245,9 @@ def load_dataset(name: str, image_size: int | None = None) -> Dataset:
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """Gaussian class clusters generated directly in feature space (no encoder): fast, fully controlled."""
+    """Gaussian class clusters generated directly in feature space (no encoder): fast, fully controlled. With the
+    text payload, texts instead: each class owns `words` nouns of its own and a text is `length` draws of them
+    (separable tasks for a text encoder; `dim` and `separation` unused)."""
 
     classes: int = 10  # Gaussian clusters, one per class
     dim: int = 32  # feature width
@@ -250,9 +255,19 @@ class SyntheticSpec:
     test_per_class: int = 100  # test rows generated per class
     separation: float = 3.0  # std of the class means (noise std is 1)
     seed: int = 0  # draws the means and the rows
+    payload: Literal["features", "text"] = "features"
+    words: int = 3  # text: nouns each class owns
+    length: int = 4  # text: nouns per text
+
+    def __post_init__(self) -> None:
+        if self.payload == "text" and self.classes * self.words > len(NOUNS):
+            raise ValueError(f"data.synthetic: {self.classes} text classes of {self.words} words need "
+                             f"{self.classes * self.words} nouns; there are {len(NOUNS)}")
 
 
 def make_synthetic(spec: SyntheticSpec) -> Dataset:
+    if spec.payload == "text":
+        return _synthetic_texts(spec)
     rng = np.random.default_rng(spec.seed)
     means = rng.normal(scale=spec.separation, size=(spec.classes, spec.dim))
 
@@ -264,3 +279,17 @@ def make_synthetic(spec: SyntheticSpec) -> Dataset:
     test_x, test_y = draw(spec.test_per_class)
     return Dataset(f"synthetic-c{spec.classes}-d{spec.dim}-s{spec.seed}", "features", train_x, train_y, test_x, test_y,
                    tuple(f"class{i}" for i in range(spec.classes)))
+
+
+def _synthetic_texts(spec: SyntheticSpec) -> Dataset:
+    rng = np.random.default_rng(spec.seed)
+
+    def draw(per_class: int) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.permutation(np.repeat(np.arange(spec.classes), per_class))
+        texts = [" ".join(rng.choice(NOUNS[spec.words * c:spec.words * (c + 1)], spec.length)) for c in y]
+        return np.array(texts, dtype=object), y.astype(np.int64)
+
+    train_x, train_y = draw(spec.train_per_class)
+    test_x, test_y = draw(spec.test_per_class)
+    return Dataset(f"synthetic-text-c{spec.classes}-w{spec.words}-s{spec.seed}", "text", train_x, train_y, test_x,
+                   test_y, tuple(f"class{i}" for i in range(spec.classes)))

@@ -31,15 +31,12 @@ import pyarrow as pa
 from memcl_ops.arrow import schema as S
 from memcl_ops.data import superni
 from memcl_ops.data.datasets import DatasetUnavailable, load_bbc_news, stratified_split
-from memcl_ops.data.text_tasks import TextPair, TextTask
+from memcl_ops.data.text_tasks import NOUNS, TextPair, TextTask
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 FORTUNE_TOPICS = ("computers", "food", "law", "love", "medicine")
 CODES = ("blick", "dax", "wug", "zorp")
 BASE_DIGITS = "pqrst"  # 0..4 in base five
-NOUNS = ("apple", "river", "candle", "tiger", "window", "bottle", "garden", "pencil", "mirror", "rocket", "blanket",
-         "carrot", "island", "ladder", "magnet", "orange", "pillow", "saddle", "teapot", "violin", "wallet", "anchor",
-         "basket", "cactus", "donkey", "feather", "guitar", "helmet", "jacket", "kettle", "lemon", "marble")
 # words for last-letter: every ending letter occurs, none of them in NOUNS
 LETTER_WORDS = ("cab", "disc", "bread", "stove", "chef", "frog", "peach", "taxi", "raj", "desk", "camel", "broom",
                 "lion", "piano", "cup", "iraq", "door", "glass", "boat", "menu", "wolf", "snow", "box", "pony",

@@ -6,7 +6,9 @@ convention) and cut into tasks. Options:
 * `task_free`: the learner gets no task boundaries (task_id is null on training rows); the runner
   consolidates every K batches instead. Evaluation still happens at the true boundaries.
 * `visits`: the order in which tasks are streamed, with repeats for recurrence (e.g. 0 1 2 0 1 2).
-  A revisit streams the task's training rows again under new sample ids.
+  A revisit streams the task's training rows again under new sample ids (`revisit_rows: repeat`), or rows of the
+  task that no earlier visit streamed (`revisit_rows: new`: each visit draws `train_per_class` rows per class,
+  disjoint across the task's visits). The test rows are the dataset's test split: never streamed.
 * `drift`: gradual boundaries. The last `drift` fraction of each visit is blended with the start of
   the next one: a row there is swapped with a row of the next visit with probability rising linearly
   to 1/2. Every row is still streamed exactly once per visit and keeps its true task id.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -35,6 +38,9 @@ class StreamSpec:
     sample_seed: int = 0  # subsampling and within-task shuffling
     task_free: bool = False  # learners get no boundaries: rounds of `method.consolidate_every` batches
     visits: tuple[int, ...] | None = None  # task order with repeats; None: 0..tasks-1 once
+    # what a revisit streams: the task's rows again ("repeat"), or rows no earlier visit of the task streamed ("new",
+    # train_per_class per class and visit; None: the class's rows split evenly over the task's visits)
+    revisit_rows: Literal["repeat", "new"] = "repeat"
     drift: float = 0.0  # share of each visit blended into the next task (gradual boundaries)
     batch_size: int = 256  # rows per batch the stream emits
     # explicit global class ids of each task (tasks may share classes, e.g. binary topic pairs); overrides the
@@ -58,6 +64,8 @@ class StreamSpec:
             raise ValueError(f"task_classes must list {self.tasks} non-empty tasks, got {self.task_classes}")
         if not 0.0 <= self.drift <= 1.0:
             raise ValueError(f"drift must be in [0, 1], got {self.drift}")
+        if self.revisit_rows not in ("repeat", "new"):
+            raise ValueError(f"revisit_rows must be repeat or new, got {self.revisit_rows!r}")
 
 
 def task_classes(num_classes: int, spec: StreamSpec) -> list[list[int]]:
@@ -143,16 +151,37 @@ class StreamPlan:
         return int(sum(len(r) for r in self.visit_rows))
 
 
+def _disjoint_shares(labels: np.ndarray, classes: list[int], per_class: int | None, shares: int, task: int,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """`shares` disjoint draws of `per_class` rows of each class (None: every row of the class, split evenly)."""
+    parts: list[list[np.ndarray]] = [[] for _ in range(shares)]
+    for c in classes:
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n = len(idx) // shares if per_class is None else per_class
+        if n * shares > len(idx) or n < 1:
+            raise ValueError(f"stream.revisit_rows=new: task {task} visits {shares} times, which needs {shares} x "
+                             f"{n} rows of class {c}; it has {len(idx)} (lower stream.train_per_class)")
+        for k in range(shares):
+            parts[k].append(np.sort(idx[k * n:(k + 1) * n]))
+    return [np.concatenate(p) for p in parts]
+
+
 def make_plan(train_labels: np.ndarray, test_labels: np.ndarray, num_classes: int, spec: StreamSpec) -> StreamPlan:
     classes = task_classes(num_classes, spec)
     rng = np.random.default_rng(spec.sample_seed)
-    train_rows = [_subsample(train_labels, cs, spec.train_per_class, rng) for cs in classes]
-    test_rows = [_subsample(test_labels, cs, spec.test_per_class, rng) for cs in classes]
     visits = list(spec.visits) if spec.visits is not None else list(range(spec.tasks))
+    if spec.revisit_rows == "new":
+        shares = [_disjoint_shares(train_labels, cs, spec.train_per_class, max(1, visits.count(t)), t, rng)
+                  for t, cs in enumerate(classes)]
+        train_rows = [np.sort(np.concatenate(s)) for s in shares]
+    else:
+        train_rows = [_subsample(train_labels, cs, spec.train_per_class, rng) for cs in classes]
+    test_rows = [_subsample(test_labels, cs, spec.test_per_class, rng) for cs in classes]
     plan = StreamPlan(spec, classes, train_rows, test_rows, visits)
-    for v in visits:
-        plan.visit_rows.append(rng.permutation(train_rows[v]))
-        plan.visit_tasks.append(np.full(len(train_rows[v]), v, dtype=np.int64))
+    for i, v in enumerate(visits):
+        rows = shares[v][visits[:i].count(v)] if spec.revisit_rows == "new" else train_rows[v]
+        plan.visit_rows.append(rng.permutation(rows))
+        plan.visit_tasks.append(np.full(len(rows), v, dtype=np.int64))
     if spec.drift > 0:
         _blend_boundaries(plan, spec.drift, rng)
     return plan

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# made-up facts of the "lm" tasks and the words of synthetic text classes (memcl_ops/data/datasets.py)
+NOUNS = ("apple", "river", "candle", "tiger", "window", "bottle", "garden", "pencil", "mirror", "rocket", "blanket",
+         "carrot", "island", "ladder", "magnet", "orange", "pillow", "saddle", "teapot", "violin", "wallet", "anchor",
+         "basket", "cactus", "donkey", "feather", "guitar", "helmet", "jacket", "kettle", "lemon", "marble")
+
 
 @dataclass(frozen=True)
 class TextPair:

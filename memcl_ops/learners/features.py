@@ -84,7 +84,7 @@ class FeatureLearner:
         if "memory" in self.roles:
             out["store_history"] = array_bytes(states["memory"]) - out["slots"]
         if "monitor" in self.roles:
-            out["monitor_block"] = array_bytes(states["monitor"]) - out["monitor"]
+            out["monitor_block"] = array_bytes(states["monitor"]) - out["monitor.rows"] - out["monitor.aggregates"]
         out["trained_memory"] = array_bytes(state_part(served, "memory"))
         out["near_future_models"] = array_bytes(state_part(served, "versions"))
         out["bookkeeping"] = array_bytes({k: v for k, v in served.items() if k == "counters"}) + array_bytes(

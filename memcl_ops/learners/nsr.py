@@ -7,7 +7,9 @@ round ends): the task key, the arrival plan, and from then on every batch is tra
 ends the visit (with a bank: the compressed adapter stored under the task) and reports the visit's training batches as
 predicted before they were learned ("prequential"). `predict` reads each row's task from the
 task column and answers through that task's bank entry (the active capacity for the memoryless rules and for an
-evicted task), with the task's global class ids (-1 for a head output beyond the task's classes).
+evicted task; with task_heads the task's own head), with the task's global class ids (-1 for a head output beyond
+the task's classes). Rows without a task id (a bank's rules only) are answered as one batch through the entry
+nearest their key (task-agnostic inference).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class NSRLearner:
 
     def _arrive(self) -> None:
         """Key, arrival plan and start of the visit, then the held batches are trained on in order."""
-        self.key, plan = self.flow.arrive(self.probe, list(self.round.classes))
+        self.key, plan = self.flow.arrive(self.probe, list(self.round.classes), self.round.task)
         self.arrival = plan.kind
         for batch in self.probe:
             self.flow.train(batch)
@@ -80,14 +82,22 @@ class NSRLearner:
         return out
 
     def predict(self, batch: pa.RecordBatch) -> np.ndarray:
-        tasks = S.task_ids_to_numpy(batch)
         out = np.full(batch.num_rows, -1, np.int64)
+        unknown = batch.column(S.TASK_ID).is_null().to_numpy(zero_copy_only=False)
+        if unknown.any():
+            out[unknown] = self.flow.predict_agnostic(batch.filter(pa.array(unknown)), self.task_classes)[0]
+        if unknown.all():
+            return out
+        batch = batch.filter(pa.array(~unknown))
+        tasks = S.task_ids_to_numpy(batch)
+        known = np.full(batch.num_rows, -1, np.int64)
         for task in np.unique(tasks):
             if int(task) not in self.task_classes:
                 raise ValueError(f"task {int(task)} has not been streamed; NSR answers a task through what it learned")
             rows = batch.filter(pc.equal(batch.column(S.TASK_ID), int(task)))
-            out[tasks == task] = self.trainer.predict_with(self.flow.entry(int(task)), self.task_classes[int(task)],
-                                                           rows)
+            known[tasks == task] = self.trainer.predict_with(self.flow.entry(int(task)),
+                                                             self.task_classes[int(task)], rows)
+        out[~unknown] = known
         return out
 
     def state(self) -> dict[str, np.ndarray]:
@@ -118,8 +128,12 @@ class NSRLearner:
                "bookkeeping": 8 * (len(learner.classes) + len(self.task_classes) * (1 + n_way)),
                "sample_ids": int(self.trainer.learned.ranges.nbytes),
                "near_future_models": array_bytes(self.trainer.earlier.state(lambda capacity: capacity))}
-        if "memory" in self.roles:
-            bank = self.roles["memory"].stores["bank"]
-            out["bank"] = bank.nbytes()
+        stores = self.roles["memory"].stores if "memory" in self.roles else {}
+        if "bank" in stores:
+            bank = stores["bank"]
+            out.update(bank.report())
             out["bookkeeping"] += 8 * (len(bank.entries) + len(bank.evicted))
+        if "heads" in stores:
+            out.update(stores["heads"].report())
+            out["bookkeeping"] += 8 * len(stores["heads"].heads)
         return out

@@ -22,6 +22,10 @@ SGSE's slot bound on long recurring streams):
   at most α on "the block fails the Wilson test". Success iff min_j d_j(x) / ((1 + η) r_j) <= 1. The test reads
   no trained parameter, so retraining the router cannot change a decision; each recurring task is judged
   against its own calibrated reference, so a test on data exchangeable with a reference is at level <= α.
+  The rows the references keep are per-sample features: at most `reference_bytes` of them. Past that budget the
+  references refreshed longest ago are compacted into per-slot aggregates: the mean of the bank (which the bank's
+  nearest row gives way to as the score, d_j(x) = ||z(x) - mean_j||) and the calibration rows' distances to it
+  (scalars), both then updated by the rows that join the slot; `reference_bytes = 0` keeps aggregates only.
 """
 
 from __future__ import annotations
@@ -99,6 +103,10 @@ class SGSEConfig:
     alpha: float = 0.05  # level of each block test under the reference signal [R]
     feature_space: FeatureSpace = "layernorm"  # z = LN(h) (scale-free) or the raw features h [R]
     fill_blocks: int = 2  # extra cooldown blocks while a new reference is still too small to accept anything [R]
+    # the reference signal's per-sample features (bank and calibration rows): at most this many bytes; past it the
+    # references refreshed longest ago keep only a mean and their calibration distances (0: aggregates only) [R]
+    reference_bytes: int = 2**20
+    aggregate_rank: int = 4  # directions a compacted reference keeps of its rows' scatter (a Summary) [R]
 
     def __post_init__(self) -> None:
         if not 0 < self.epsilon < 1 or not 0 <= self.beta < 1:
@@ -111,8 +119,10 @@ class SGSEConfig:
             raise ValueError(f"signal must be 'paper' or 'reference', got {self.signal!r}")
         if self.feature_space not in ("layernorm", "raw"):
             raise ValueError(f"feature_space must be 'layernorm' or 'raw', got {self.feature_space!r}")
-        if self.reference_size < 2 or self.slack < 0 or not 0 < self.alpha < 1 or self.fill_blocks < 0:
-            raise ValueError("SGSE needs reference_size >= 2, slack >= 0, 0 < alpha < 1 and fill_blocks >= 0")
+        if (self.reference_size < 2 or self.slack < 0 or not 0 < self.alpha < 1 or self.fill_blocks < 0
+                or self.reference_bytes < 0 or self.aggregate_rank < 0):
+            raise ValueError("SGSE needs reference_size >= 2, slack >= 0, 0 < alpha < 1, fill_blocks >= 0, "
+                             "reference_bytes >= 0 and aggregate_rank >= 0")
 
 
 class QuantileTracker:
@@ -174,7 +184,8 @@ class TrialSignal(Protocol):
 
     def restore(self, state: dict[str, np.ndarray]) -> None: ...
 
-    def nbytes(self) -> int: ...
+    def memory_bytes(self) -> dict[str, int]:
+        """What it keeps between batches: per-sample feature rows ("rows") and everything else ("aggregates")."""
 
 
 class ConfidenceSignal:
@@ -215,8 +226,8 @@ class ConfidenceSignal:
         threshold = float(state["threshold"])
         self.tracker.threshold = None if math.isnan(threshold) else threshold
 
-    def nbytes(self) -> int:
-        return self.tracker.values.maxlen * 8 + 8
+    def memory_bytes(self) -> dict[str, int]:
+        return {"rows": 0, "aggregates": self.tracker.values.maxlen * 8 + 8}
 
 
 def nearest_distances(z: np.ndarray, rows: np.ndarray, row_norms: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -235,53 +246,151 @@ def nearest_distances_on(z: np.ndarray, rows: torch.Tensor, row_norms: torch.Ten
     return nearest.clamp_min(0.0).sqrt().cpu().numpy()
 
 
-class Reference:
-    """The last m frozen features assigned to one expanded slot: alternately bank and calibration rows, and the
-    conformal radius r read off the calibration rows' distances to the bank."""
+class Summary:
+    """A slot's features as aggregates: their running mean and scatter, the scatter as its top `rank` directions
+    (a D x rank factor F, F Fᵀ ≈ S, merged block by block by incremental PCA, Ross et al. 2008) and its trace; at most
+    `window` rows weigh in (older ones fade). Its distance is the Mahalanobis one under the covariance
+    (F Fᵀ + ρ I) / n, ρ the scatter beyond the kept directions spread evenly (and at least a 10⁻⁶ share of it all)."""
 
-    def __init__(self, size: int, dim: int, block_size: int, max_k: int, alpha: float):
-        self.half = size // 2
+    def __init__(self, dim: int, rank: int, window: int):
+        self.rank, self.window = rank, window
+        self.count = 0.0
+        self.mean = np.zeros(dim, np.float32)
+        self.factor = np.zeros((dim, 0), np.float32)
+        self.trace = 0.0
+
+    def add(self, rows: np.ndarray) -> None:
+        if not len(rows):
+            return
+        rows, mean = np.asarray(rows, np.float64), self.mean.astype(np.float64)
+        k, centre = len(rows), rows.mean(axis=0)
+        parts = [self.factor.astype(np.float64), (rows - centre).T]
+        shift = np.sqrt(self.count * k / (self.count + k)) * (centre - mean) if self.count else np.zeros_like(centre)
+        stacked = np.concatenate([*parts, shift[:, None]], axis=1)
+        self.trace += float(((rows - centre) ** 2).sum() + shift @ shift)
+        mean = (self.count * mean + k * centre) / (self.count + k)
+        self.count += k
+        values, vectors = np.linalg.eigh(stacked.T @ stacked)  # the smaller Gram: columns, not D x D
+        keep = np.argsort(values)[::-1][:self.rank]
+        keep = keep[values[keep] > 1e-12 * max(values.max(), 1e-300)]
+        factor = stacked @ vectors[:, keep]
+        if self.count > self.window:  # older rows fade: the summary of about the last `window` rows
+            fade = self.window / self.count
+            factor *= np.sqrt(fade)
+            self.trace *= fade
+            self.count = float(self.window)
+        # kept in float32, as stored, so that a restored summary continues exactly
+        self.mean, self.factor = mean.astype(np.float32), factor.astype(np.float32)
+
+    def distance(self, z: np.ndarray) -> np.ndarray:
+        d = np.asarray(z, np.float64) - self.mean
+        factor = self.factor.astype(np.float64)
+        norms = (factor * factor).sum(axis=0)  # the squared singular values
+        dim, kept = len(self.mean), float(norms.sum())
+        rest = max((self.trace - kept) / max(dim - len(norms), 1), 1e-6 * self.trace / dim, 1e-12)
+        along = d @ (factor / np.sqrt(norms)) if len(norms) else np.zeros((len(d), 0))
+        squared = (along ** 2 / (norms + rest)).sum(axis=1) + ((d * d).sum(axis=1) - (along ** 2).sum(axis=1)) / rest
+        return np.sqrt(np.maximum(squared * self.count, 0.0)).astype(np.float32)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"count": np.array(self.count), "mean": self.mean, "factor": self.factor, "trace": np.array(self.trace)}
+
+    def nbytes(self) -> int:
+        return self.mean.nbytes + self.factor.nbytes + 16  # and the count and the trace
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray], rank: int, window: int) -> Summary:
+        out = cls(len(state["mean"]), rank, window)
+        out.count, out.trace = float(state["count"]), float(state["trace"])
+        out.mean, out.factor = np.array(state["mean"], np.float32), np.array(state["factor"], np.float32)
+        return out
+
+
+class Reference:
+    """One expanded slot's reference: its last m frozen features, alternately bank and calibration rows, and the
+    conformal radius r read off the calibration rows' distances to the bank (the nearest bank row); or, once
+    compacted (`compact`), aggregates only: a `Summary` of its bank rows in the bank's place (d is the Mahalanobis
+    distance to it) and the last m/2 calibration distances, each measured against the summary as it stood when its
+    row came (the rows that join the slot keep refreshing both)."""
+
+    def __init__(self, size: int, dim: int, block_size: int, max_k: int, alpha: float, rank: int = 4):
+        self.half, self.rank = size // 2, rank
         self.block_size, self.max_k, self.alpha = block_size, max_k, alpha
         self.bank = np.zeros((0, dim), np.float32)
         self.calibration = np.zeros((0, dim), np.float32)
         self.added = 0  # rows ever added (its parity picks bank or calibration)
         self.radius = 0.0  # 0 while too small to accept anything
+        self.summary: Summary | None = None  # the aggregates, once compacted
+        self.scores = np.zeros(0, np.float32)
+
+    @property
+    def compacted(self) -> bool:
+        return self.summary is not None
 
     def add(self, rows: np.ndarray) -> None:
         if not len(rows):
             return
         parity = (self.added + np.arange(len(rows))) % 2
-        self.bank = np.concatenate([self.bank, rows[parity == 0]])[-self.half:]
-        self.calibration = np.concatenate([self.calibration, rows[parity == 1]])[-self.half:]
         self.added += len(rows)
+        if self.compacted:
+            self.summary.add(rows[parity == 0])
+            self.scores = np.concatenate([self.scores, self.distance(rows[parity == 1])])[-self.half:]
+        else:
+            self.bank = np.concatenate([self.bank, rows[parity == 0]])[-self.half:]
+            self.calibration = np.concatenate([self.calibration, rows[parity == 1]])[-self.half:]
+        self._calibrate()
+
+    def compact(self) -> None:
+        """Keep aggregates instead of rows: the bank's summary and the calibration rows' distances to it."""
+        if self.compacted:
+            return
+        dim = self.bank.shape[1]
+        self.summary = Summary(dim, self.rank, self.half)
+        self.summary.add(self.bank)
+        self.scores = self.distance(self.calibration) if len(self.bank) else np.zeros(0, np.float32)
+        self.bank = self.calibration = np.zeros((0, dim), np.float32)
         self._calibrate()
 
     def _calibrate(self) -> None:
-        kappa = conformal_rank(len(self.calibration), self.block_size, self.max_k, self.alpha)
-        if kappa is None or not len(self.bank):
+        scores = self.scores if self.compacted else self.calibration
+        kappa = conformal_rank(len(scores), self.block_size, self.max_k, self.alpha)
+        if kappa is None or not (self.summary.count if self.compacted else len(self.bank)):
             self.radius = 0.0
             return
-        scores = np.sort(self.distance(self.calibration))
-        self.radius = float(scores[kappa - 1])
+        ordered = np.sort(self.scores if self.compacted else self.distance(self.calibration))
+        self.radius = float(ordered[kappa - 1])
 
     def distance(self, z: np.ndarray) -> np.ndarray:
-        """min over the bank of ||z - b|| per row of z."""
+        """Per row of z: min over the bank of ||z - b||, or the distance to the summary once compacted."""
+        if self.compacted:
+            return self.summary.distance(z)
         return nearest_distances(z, self.bank, (self.bank * self.bank).sum(1), np.zeros(1, np.int64))[:, 0]
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"bank": self.bank, "calibration": self.calibration, "added": np.array(self.added)}
+        out = {"bank": self.bank, "calibration": self.calibration, "added": np.array(self.added)}
+        if self.compacted:
+            out.update({f"summary.{k}": v for k, v in self.summary.state().items()}, scores=self.scores)
+        return out
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray], size: int, block_size: int, max_k: int, alpha: float
-                   ) -> Reference:
-        ref = cls(size, state["bank"].shape[1], block_size, max_k, alpha)
+    def from_state(cls, state: dict[str, np.ndarray], size: int, block_size: int, max_k: int, alpha: float,
+                   rank: int = 4) -> Reference:
+        ref = cls(size, state["bank"].shape[1], block_size, max_k, alpha, rank)
         ref.bank, ref.calibration = np.array(state["bank"]), np.array(state["calibration"])
         ref.added = int(state["added"])
+        if "scores" in state:
+            ref.summary = Summary.from_state({k[8:]: v for k, v in state.items() if k.startswith("summary.")},
+                                             rank, ref.half)
+            ref.scores = np.array(state["scores"], np.float32)
         ref._calibrate()
         return ref
 
-    def nbytes(self) -> int:
-        return self.bank.nbytes + self.calibration.nbytes + 8
+    def row_bytes(self) -> int:
+        """The per-sample features it keeps."""
+        return self.bank.nbytes + self.calibration.nbytes
+
+    def aggregate_bytes(self) -> int:
+        return 8 + (self.summary.nbytes() + self.scores.nbytes if self.compacted else 0)
 
 
 class ReferenceSignal:
@@ -293,13 +402,15 @@ class ReferenceSignal:
         self.config = config
         self.max_k = max_expanding_successes(config.block_size, config.z, config.tau_exp)
         self.references: list[Reference] = []
+        self.refreshed: list[int] = []  # per reference, the block that last added rows to it (compaction order)
+        self.blocks = 0
         self._stacked: tuple | None = None  # cache of `_stack`
         # where each batch's distances to the banks are computed (None: with numpy on the CPU); the banks stay numpy
         self.device = device
 
     def _new_reference(self, dim: int) -> Reference:
         c = self.config
-        return Reference(c.reference_size, dim, c.block_size, self.max_k, c.alpha)
+        return Reference(c.reference_size, dim, c.block_size, self.max_k, c.alpha, c.aggregate_rank)
 
     def scores(self, z: np.ndarray) -> np.ndarray:
         """d_j(x) / ((1 + η) r_j) per sample and reference (inf where a reference accepts nothing)."""
@@ -307,17 +418,19 @@ class ReferenceSignal:
         if self._stacked is None:
             self._stack()
         active, stacked, norms, starts, scale, on_device = self._stacked
-        if not active:
-            return out
-        # one product against all banks at once, then the minimum within each bank's columns
-        nearest = nearest_distances(z, stacked, norms, starts) if on_device is None else nearest_distances_on(
-            z, *on_device, len(active))
-        out[:, active] = nearest / scale
+        if active:
+            # one product against all banks at once, then the minimum within each bank's columns
+            nearest = nearest_distances(z, stacked, norms, starts) if on_device is None else nearest_distances_on(
+                z, *on_device, len(active))
+            out[:, active] = nearest / scale
+        for j, ref in enumerate(self.references):  # the compacted ones, against their summaries
+            if ref.compacted and ref.radius > 0:
+                out[:, j] = ref.distance(z) / ((1 + self.config.slack) * ref.radius)
         return out
 
     def _stack(self) -> None:
         """The active references' banks as one matrix (rebuilt only when a reference changed)."""
-        active = [j for j, ref in enumerate(self.references) if ref.radius > 0]
+        active = [j for j, ref in enumerate(self.references) if ref.radius > 0 and not ref.compacted]
         banks = [self.references[j].bank for j in active]
         stacked = np.concatenate(banks) if banks else np.zeros((0, 0), np.float32)
         starts = np.cumsum([0, *(len(b) for b in banks[:-1])])
@@ -341,14 +454,26 @@ class ReferenceSignal:
         return self.scores(features).min(axis=1) <= 1.0
 
     def end_block(self, features: np.ndarray | None, trials: np.ndarray, outcome: str) -> None:
+        self.blocks += 1
         self._update(features, trials, outcome)
+        self._within_budget()
         self._stacked = None
+
+    def _within_budget(self) -> None:
+        """Compact the references refreshed longest ago (the newest last) until their rows fit the budget."""
+        held = sum(ref.row_bytes() for ref in self.references)
+        for j in sorted(range(len(self.references)), key=lambda j: (self.refreshed[j], j)):
+            if held <= self.config.reference_bytes:
+                return
+            held -= self.references[j].row_bytes()
+            self.references[j].compact()
 
     def _update(self, features: np.ndarray, trials: np.ndarray, outcome: str) -> None:
         if outcome == "expanded":  # the new slot's reference starts from the samples nothing covered
             ref = self._new_reference(features.shape[1])
             ref.add(features[~trials] if (~trials).any() else features)
             self.references.append(ref)
+            self.refreshed.append(self.blocks)
             return
         if not self.references:
             return
@@ -359,12 +484,14 @@ class ReferenceSignal:
             nearest = np.where(trials, nearest, len(self.references) - 1)
         for j in np.unique(nearest):
             self.references[j].add(features[nearest == j])
+            self.refreshed[j] = self.blocks
 
     def still_filling(self) -> bool:
         return bool(self.references) and self.references[-1].radius == 0.0
 
     def state(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {"references": np.array(len(self.references))}
+        out: dict[str, np.ndarray] = {"references": np.array(len(self.references)),
+                                      "refreshed": np.array(self.refreshed, np.int64), "blocks": np.array(self.blocks)}
         for j, ref in enumerate(self.references):
             out.update({f"ref{j}.{k}": v for k, v in ref.state().items()})
         return out
@@ -372,13 +499,16 @@ class ReferenceSignal:
     def restore(self, state: dict[str, np.ndarray]) -> None:
         c = self.config
         self.references = [
-            Reference.from_state({k: state[f"ref{j}.{k}"] for k in ("bank", "calibration", "added")},
-                                 c.reference_size, c.block_size, self.max_k, c.alpha)
+            Reference.from_state({k[len(f"ref{j}."):]: v for k, v in state.items() if k.startswith(f"ref{j}.")},
+                                 c.reference_size, c.block_size, self.max_k, c.alpha, c.aggregate_rank)
             for j in range(int(state["references"]))]
+        self.refreshed = [int(b) for b in state["refreshed"]]
+        self.blocks = int(state["blocks"])
         self._stacked = None
 
-    def nbytes(self) -> int:
-        return sum(ref.nbytes() for ref in self.references)
+    def memory_bytes(self) -> dict[str, int]:
+        return {"rows": sum(ref.row_bytes() for ref in self.references),
+                "aggregates": sum(ref.aggregate_bytes() for ref in self.references) + 8 * len(self.refreshed) + 8}
 
 
 def frozen_features(h: np.ndarray, space: FeatureSpace) -> np.ndarray:
@@ -483,9 +613,13 @@ class NoveltyMonitor:
         centre = self.centre_sums[part] / self.centre_counts[part]
         return Expansion(centre.astype(np.float32), k, n, float(lower), self.steps)
 
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes the monitor keeps between batches: the per-sample feature rows of its references (at most
+        `reference_bytes`) and its aggregates (the compacted references, the tracker's window)."""
+        return self.signal.memory_bytes()
+
     def nbytes(self) -> int:
-        """Bytes the monitor keeps between batches (the references, or the tracker's window)."""
-        return self.signal.nbytes()
+        return sum(self.memory_bytes().values())
 
     def state(self) -> dict[str, np.ndarray]:
         fwidth = len(self.block_features[0]) if self.block_features else 0

@@ -7,9 +7,16 @@ arrival the allocation rule decides what the active capacity starts from:
 
 | allocation | start of a visit |
 |---|---|
-| `bank` (NSR) | the bank's retrieval: restore an entry (adapter and head) / warm-start the adapter from a mix / fresh |
+| `bank` (NSR) | the similarity rule on the bank: restore an entry (adapter and head) / warm start from a mix / fresh |
+| `round-robin` | the same bank, key-blind: restore its entries in turn (fresh while it is empty) |
+| `learned` | the same bank: a learned policy picks restore (one of the top-m) / warm mix / fresh (policy.py) |
 | `fresh` (memoryless) | a fresh adapter (B = 0) and a zero head |
 | `keep` (memoryless) | whatever the previous visit left (adapter and head) |
+
+A warm or fresh start from the bank keeps the arriving task's own head when the bank holds its entry (a returning task
+whose key fell below τ_same does not start at chance). With `task_heads` the memoryless rules keep every task's head
+(a few KB each, the memory manager's head store) and start and answer a task with its own head, so what they lose
+is the adapter alone.
 
 Training is `CE` on the task's labels plus, after a restore or a warm start, the LwF term
 `λ_KD · T² · KL(p_teacher^T ‖ p_student^T)`: the teacher is the retrieved adapter before adaptation, and both
@@ -40,27 +47,39 @@ from memcl_ops.data_parallel import DataParallel, data_parallel
 from memcl_ops.losses import kd_loss
 from memcl_ops.models.lora import LoRAAdapters, LoRAConfig
 from memcl_ops.models.lowrank import CompressedDelta, compress
+from memcl_ops.nsr.policy import PolicyConfig
 from memcl_ops.nsr.task_bank import BankConfig, BankEntry, Retrieval, TaskKnowledgeBank, normalize
 
-Allocation = Literal["bank", "fresh", "keep"]
+Allocation = Literal["bank", "round-robin", "learned", "fresh", "keep"]
+BANKED = ("bank", "round-robin", "learned")  # the rules that keep the bank; fresh and keep are memoryless
 
 
 @dataclass(frozen=True)
 class NSRConfig:
     allocation: Allocation = "bank"  # the arrival rule; "fresh" and "keep" are the memoryless baselines
+    task_heads: bool = False  # fresh / keep: keep each task's head and answer the task through it
     lora: LoRAConfig = LoRAConfig()
     bank: BankConfig = BankConfig()
+    policy: PolicyConfig = PolicyConfig()  # the learned allocation rule
     lr: float = 1e-3  # Adam on the adapter and the head [R]
     batch_size: int = 16  # rows per optimizer step; each row is learned once, in stream order [R]
     kd_weight: float = 1.0  # λ_KD [R]
     kd_temperature: float = 2.0  # T [R]
     probe_size: int = 256  # the task key is the mean LoRA-off feature of the visit's first rows [R]
     recovery_tolerance: float = 0.01  # a returning task is back when within this of its previous best [R]
+    recovery_fraction: float = 0.0  # ... or at this fraction of it (METHODS [R]: 0.95); 0: the tolerance alone
     recovery_max_steps: int = 100  # steps tracked per returning visit; a task not back by then is censored
 
+    @property
+    def banked(self) -> bool:
+        return self.allocation in BANKED
+
     def __post_init__(self) -> None:
-        if self.allocation not in ("bank", "fresh", "keep"):
-            raise ValueError(f"nsr.allocation must be bank, fresh or keep, got {self.allocation!r}")
+        if self.allocation not in (*BANKED, "fresh", "keep"):
+            raise ValueError(f"nsr.allocation must be one of {(*BANKED, 'fresh', 'keep')}, got {self.allocation!r}")
+        if self.task_heads and self.allocation in BANKED:
+            raise ValueError(f"nsr.task_heads is for the memoryless rules; {self.allocation} keeps every head in "
+                             "its bank")
         if self.probe_size < 1 or self.batch_size < 1:
             raise ValueError(f"nsr.probe_size and nsr.batch_size must be >= 1, got {self.probe_size}, "
                              f"{self.batch_size}")
@@ -87,15 +106,29 @@ class ArrivalPlan:
     retrieval: Retrieval | None = None
 
 
-def plan_arrival(bank: TaskKnowledgeBank, key: np.ndarray, rank: int) -> ArrivalPlan:
-    """The bank's retrieval rule turned into a plan (restore / warm-start mix / fresh)."""
-    r = bank.retrieve(key)
+def plan_arrival(bank: TaskKnowledgeBank, key: np.ndarray, rank: int, task: int | None = None) -> ArrivalPlan:
+    """The bank's similarity rule turned into a plan (restore / warm-start mix / fresh)."""
+    return plan_for(bank, bank.retrieve(key), rank, task)
+
+
+def plan_for(bank: TaskKnowledgeBank, r: Retrieval, rank: int, task: int | None = None) -> ArrivalPlan:
+    """A decision on the bank turned into a plan: restore an entry (its adapter and head) / warm-start from a mix /
+    fresh; a warm or fresh start of `task` keeps the task's own head when the bank holds its entry."""
     if r.kind == "restore":
         entry = bank.entries[r.tasks[0]]
         return ArrivalPlan("restore", entry.delta_factors(), entry.head, [entry.head], r)
+    own = bank.entries[task].head if task in bank.entries else None
     if r.kind == "warm":
-        return ArrivalPlan("warm", bank.warm_start(r, rank), None, [bank.entries[t].head for t in r.tasks], r)
-    return ArrivalPlan("fresh", retrieval=r)
+        return ArrivalPlan("warm", bank.warm_start(r, rank), own, [bank.entries[t].head for t in r.tasks], r)
+    return ArrivalPlan("fresh", head=own, retrieval=r)
+
+
+@dataclass
+class TaskHead:
+    """A memoryless rule's kept head of one task: the task is answered through the active adapter and this head."""
+
+    head: dict[str, np.ndarray]
+    deltas: None = None  # no adapter of its own
 
 
 RECOVERY_EPS = 1e-9  # accuracies are ratios of counts; absorbs float error in "best - tolerance"
@@ -103,14 +136,21 @@ RECOVERY_EPS = 1e-9  # accuracies are ratios of counts; absorbs float error in "
 
 @dataclass
 class RecoveryTracker:
-    """Optimizer steps until a returning task is back within `tolerance` of its previous best accuracy
-    (docs/methods.md, "NSR"): step 0 is the accuracy right after the arrival decision, before any training."""
+    """Optimizer steps until a returning task is back within `tolerance` of its previous best accuracy, or at
+    `fraction` of it (docs/methods.md, "NSR"): step 0 is the accuracy right after the arrival decision, before any
+    training."""
 
     previous_best: float
     tolerance: float
     max_steps: int
+    fraction: float = 0.0  # also back at this fraction of the previous best
     curve: list[tuple[int, float]] = field(default_factory=list)
     recovered_at: int | None = None
+
+    @property
+    def target(self) -> float:
+        within = self.previous_best - self.tolerance
+        return (min(within, self.fraction * self.previous_best) if self.fraction > 0 else within) - RECOVERY_EPS
 
     @property
     def done(self) -> bool:
@@ -120,11 +160,11 @@ class RecoveryTracker:
         if self.done:
             return
         self.curve.append((step, accuracy))
-        if accuracy >= self.previous_best - self.tolerance - RECOVERY_EPS:
+        if accuracy >= self.target:
             self.recovered_at = step
 
     def report(self) -> dict:
-        return {"previous_best": self.previous_best, "recovered_at": self.recovered_at,
+        return {"previous_best": self.previous_best, "target": self.target, "recovered_at": self.recovered_at,
                 "censored": self.recovered_at is None, "curve": [list(p) for p in self.curve]}
 
 
@@ -212,20 +252,45 @@ class AdapterLearner:
         return normalize(torch.cat(feats).mean(0).numpy())
 
     def begin_task(self, classes: Sequence[int], plan: ArrivalPlan) -> None:
-        """Start a visit of the task with global `classes` from `plan` (its `kind` "keep" changes nothing)."""
+        """Start a visit of the task with global `classes` from `plan` (its `kind` "keep" keeps the adapter, and the
+        head unless the plan brings one)."""
         if not 1 <= len(classes) <= self.n_way:
             raise ValueError(f"a task with {len(classes)} classes does not fit a head of {self.n_way} outputs")
         self.visits += 1
         self.classes = [int(c) for c in classes]
-        if plan.kind != "keep":
-            self.adapters.load_deltas(plan.deltas, seed=self.seed * 1_000_003 + self.visits)
-            self._load_head(plan.head)
+        self._start(plan)
         self.teacher = None
         if plan.kind in ("restore", "warm") and self.config.kd_weight > 0:
             self.teacher = (self.adapters.factors(), [self._frozen_head(h) for h in plan.teacher_heads])
         params = [*self.adapters.parameters(), *self.head.parameters()]
         self.optimizer = torch.optim.Adam(params, lr=self.config.lr)
         self.steps = 0
+
+    def _start(self, plan: ArrivalPlan, visit: int | None = None) -> None:
+        """Set the active capacity as `plan` starts a visit (a fresh adapter seeded by the visit's number)."""
+        visit = self.visits if visit is None else visit
+        if plan.kind != "keep":
+            self.adapters.load_deltas(plan.deltas, seed=self.seed * 1_000_003 + visit)
+            self._load_head(plan.head)
+        elif plan.head is not None:
+            self._load_head(plan.head)
+
+    def start_accuracy(self, plan: ArrivalPlan, classes: Sequence[int], batches: Sequence[pa.RecordBatch]) -> float:
+        """Accuracy on `batches` of the start `plan` would give the next visit, before any step; the active
+        capacity is left exactly as it was."""
+        with self._active_kept():
+            self._start(plan, self.visits + 1)
+            return self.accuracy(batches, classes)
+
+    @torch.no_grad()
+    def loss_with(self, stored: BankEntry, classes: Sequence[int], batches: Sequence[pa.RecordBatch]) -> float:
+        """Mean cross-entropy of a stored adapter and head on rows of the task with `classes`, over ln(n_way) (1:
+        chance); the active capacity is left exactly as it was."""
+        rows = [b for b in batches if b is not None]
+        with self.holding(stored):
+            losses = [F.cross_entropy(self.logits(b), self.local_labels(b, classes).to(self.device), reduction="sum")
+                      for b in rows]
+        return float(torch.stack(losses).sum()) / sum(b.num_rows for b in rows) / float(np.log(self.n_way))
 
     def _load_head(self, state: Mapping[str, np.ndarray] | None) -> None:
         if state is None:
@@ -335,7 +400,7 @@ class AdapterLearner:
         counts = np.array([self.correct(b, classes) for b in batches if b is not None]).reshape(-1, 2).sum(0)
         return float(counts[0] / counts[1]) if counts[1] else float("nan")
 
-    def accuracy_with(self, stored: BankEntry | Snapshot, classes: Sequence[int],
+    def accuracy_with(self, stored: BankEntry | Snapshot | TaskHead, classes: Sequence[int],
                       batches: Sequence[pa.RecordBatch]) -> float:
         """Accuracy of a stored adapter and head on its task; the active capacity is left exactly as it was."""
         with self.holding(stored):
@@ -354,7 +419,7 @@ class AdapterLearner:
         return answers[position.cpu().numpy()], best.float().cpu().numpy()
 
     @contextmanager
-    def holding(self, stored: BankEntry | Snapshot):
+    def holding(self, stored: BankEntry | Snapshot | TaskHead):
         """Inside the block a stored adapter and head are the active capacity; the active one comes back after
         (exactly)."""
         with self._active_kept():
@@ -381,15 +446,18 @@ class AdapterLearner:
         """The active adapter compressed (QR-SVD, energy rank, storage dtype) and the head."""
         deltas = {site: compress(*self.adapters.factor_pair(site), self.config.bank.compression)
                   for site in self.adapters.sites}
-        return Snapshot(deltas, self._head_state())
+        return Snapshot(deltas, self.head_state())
 
-    def _head_state(self) -> dict[str, np.ndarray]:
+    def head_state(self) -> dict[str, np.ndarray]:
+        """A copy of the active head."""
         return {"weight": self.head.weight.detach().cpu().numpy().copy(),
                 "bias": self.head.bias.detach().cpu().numpy().copy()}
 
-    def load_stored(self, stored: BankEntry | Snapshot) -> None:
-        """Make a stored adapter and head the active capacity (what a restore does)."""
-        self.adapters.load_deltas({site: d.factors() for site, d in stored.deltas.items()})
+    def load_stored(self, stored: BankEntry | Snapshot | TaskHead) -> None:
+        """Make a stored adapter and head the active capacity (what a restore does); a kept head alone replaces
+        only the head."""
+        if stored.deltas is not None:
+            self.adapters.load_deltas({site: d.factors() for site, d in stored.deltas.items()})
         self._load_head(stored.head)
 
     # --- state --------------------------------------------------------------------------------------------------
@@ -397,7 +465,7 @@ class AdapterLearner:
     def state(self) -> dict[str, np.ndarray]:
         """The active capacity between visits (a visit's optimizer does not outlive it)."""
         return {**{f"lora.{k}": v for k, v in self.adapters.factors().items()},
-                **{f"head.{k}": v for k, v in self._head_state().items()},
+                **{f"head.{k}": v for k, v in self.head_state().items()},
                 "classes": np.array(self.classes, dtype=np.int64), "visits": np.array(self.visits)}
 
     def restore(self, state: Mapping[str, np.ndarray]) -> None:

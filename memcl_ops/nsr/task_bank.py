@@ -7,12 +7,15 @@ are kept (top-K retention); the one evicted is the least recently used (or the l
 
 Retrieval at task arrival, with s_i = cos(e_new, e_i):
 
-    max s ≥ τ_same            restore the best entry exactly (a returning task: 0 recovery steps)
+    max s ≥ τ_same (and ≥ the second s + margin)   restore the best entry exactly (a returning task: 0 recovery steps)
     some s ≥ τ_rel            warm-start from ΔW0 = Σ_{top-k, s ≥ τ_rel} w_i ΔW_i, w = softmax(s / T_mix)
     else                      fresh adapter
 
-A retrieval counts as a use of the entries it returns (last_used, use_count). The state is a flat dict of
-numpy arrays, so the bank checkpoints like any other actor state.
+That is the similarity rule (`retrieve`); the other rules on the same bank (round-robin, the learned policy:
+memcl_ops/nsr/store.py) decide elsewhere and record their decision through `take`. A retrieval counts as a use of
+the entries it returns (last_used, use_count). `route` finds the entry nearest a key without counting a use
+(task-agnostic inference). The state is a flat dict of numpy arrays, so the bank checkpoints like any other actor
+state.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class BankConfig:
     eviction: Literal["lru", "least_used"] = "lru"  # which entry goes when full [R]
     tau_same: float = 0.95  # restore threshold on cos(e_new, e_i) [R]
     tau_related: float = 0.5  # warm-start threshold [R]
+    restore_margin: float = 0.0  # a restore also needs the best s this far above the second best [R]
     top_k: int = 3  # entries mixed for a warm start [R]
     mix_temperature: float = 0.1  # w = softmax(s / T_mix) [R]
     compression: CompressionConfig = CompressionConfig()
@@ -43,6 +47,8 @@ class BankConfig:
             raise ValueError(f"need -1 <= tau_related <= tau_same <= 1, got {self.tau_related}, {self.tau_same}")
         if self.mix_temperature <= 0:
             raise ValueError(f"mix_temperature must be > 0, got {self.mix_temperature}")
+        if self.restore_margin < 0:
+            raise ValueError(f"restore_margin must be >= 0, got {self.restore_margin}")
 
 
 @dataclass
@@ -73,6 +79,8 @@ class Retrieval:
     tasks: list[int]  # entries used (the restored one, or the mixed ones, best first)
     weights: list[float]
     similarities: dict[int, float] = field(default_factory=dict)  # to every entry
+    rule: str = "similarity"  # the rule that decided: similarity, round-robin, learned
+    probabilities: list[float] = field(default_factory=list)  # the learned policy's, over its actions
 
 
 def normalize(v: np.ndarray, eps: float = 1e-8) -> np.ndarray:
@@ -94,27 +102,44 @@ class TaskKnowledgeBank:
         k = normalize(key)
         return {t: float(k @ e.key) for t, e in self.entries.items()}
 
-    def retrieve(self, key: np.ndarray) -> Retrieval:
-        """The arrival decision for a task with key `key` (ticks the clock, counts the use)."""
+    def ranked(self, key: np.ndarray) -> tuple[dict[int, float], list[int]]:
+        """Cosine of `key` to every entry, and the entries' tasks most similar first."""
         if not np.isfinite(key).all():
             raise ValueError("task key has non-finite values")
-        self.clock += 1
         sims = self.similarities(key)
-        ranked = sorted(sims, key=lambda t: -sims[t])
+        return sims, sorted(sims, key=lambda t: -sims[t])
+
+    def retrieve(self, key: np.ndarray) -> Retrieval:
+        """The similarity rule's arrival decision for a task with key `key` (ticks the clock, counts the use)."""
+        sims, ranked = self.ranked(key)
         cfg = self.config
-        if ranked and sims[ranked[0]] >= cfg.tau_same:
-            kind, tasks, weights = "restore", ranked[:1], [1.0]
+        second = sims[ranked[1]] if len(ranked) > 1 else -1.0
+        if ranked and sims[ranked[0]] >= cfg.tau_same and sims[ranked[0]] - second >= cfg.restore_margin:
+            return self.take("restore", ranked[:1], sims)
+        return self.take("warm", [t for t in ranked[:cfg.top_k] if sims[t] >= cfg.tau_related], sims)
+
+    def take(self, kind: str, tasks: list[int], sims: dict[int, float], rule: str = "similarity",
+             probabilities: list[float] | None = None) -> Retrieval:
+        """Record an arrival decision: `kind` from the entries of `tasks` (best first; a warm start without one is
+        fresh), weighted softmax(s / T_mix) for a warm mix. Ticks the clock and counts a use of each."""
+        self.clock += 1
+        if kind == "fresh" or not tasks:
+            return Retrieval("fresh", [], [], sims, rule, probabilities or [])
+        if kind == "restore":
+            tasks, weights = tasks[:1], [1.0]
         else:
-            tasks = [t for t in ranked[:cfg.top_k] if sims[t] >= cfg.tau_related]
-            if not tasks:
-                return Retrieval("fresh", [], [], sims)
-            s = np.array([sims[t] for t in tasks]) / cfg.mix_temperature
+            s = np.array([sims[t] for t in tasks]) / self.config.mix_temperature
             w = np.exp(s - s.max())
-            kind, weights = "warm", (w / w.sum()).tolist()
+            weights = (w / w.sum()).tolist()
         for t in tasks:
             self.entries[t].last_used = self.clock
             self.entries[t].use_count += 1
-        return Retrieval(kind, tasks, weights, sims)
+        return Retrieval(kind, tasks, weights, sims, rule, probabilities or [])
+
+    def route(self, key: np.ndarray) -> BankEntry | None:
+        """The entry nearest `key` (None: an empty bank); no use is counted."""
+        _, ranked = self.ranked(key)
+        return self.entries[ranked[0]] if ranked else None
 
     def warm_start(self, retrieval: Retrieval, rank: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Rank-`rank` factors of the similarity-weighted mix of the retrieved deltas."""

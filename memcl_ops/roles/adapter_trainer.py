@@ -21,7 +21,7 @@ from memcl_ops.clock import StageClock
 from memcl_ops.data_parallel import join_group
 from memcl_ops.models.encoders import EncoderSpec, build_encoder
 from memcl_ops.models.lora import backbone_parameters
-from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot
+from memcl_ops.nsr.adapter import AdapterLearner, ArrivalPlan, NSRConfig, RecoveryTracker, Snapshot, TaskHead
 from memcl_ops.nsr.task_bank import BankEntry
 from memcl_ops.prequential import PREDICTIONS, NearFutureModels, PrequentialConfig, prediction_table
 from memcl_ops.tensors import SampleIds, prefixed, state_part
@@ -84,6 +84,23 @@ class AdapterTrainer:
         with self.clock.time("key"):
             return self.learner.key(batches)
 
+    def probe_losses(self, candidates: list[BankEntry], classes: list[int], *probe: pa.RecordBatch) -> list[float]:
+        """The probe loss of each candidate entry (its adapter and head) on the first `policy.probe_rows` probe rows,
+        over ln(n_way): what the learned allocation policy reads (the probe's labels)."""
+        with self.clock.time("probe_losses"):
+            rows, left = [], self.config.policy.probe_rows
+            for b in probe:
+                if b is not None and left > 0:
+                    rows.append(b.slice(0, left))
+                    left -= rows[-1].num_rows
+            return [self.learner.loss_with(entry, classes, rows) for entry in candidates]
+
+    def start_accuracies(self, plans: list[ArrivalPlan], classes: list[int], *tests: pa.RecordBatch) -> list[float]:
+        """The accuracy on `tests` of the start each plan would give, before any step (a learning policy's
+        rewards)."""
+        with self.clock.time("start_accuracies"):
+            return [self.learner.start_accuracy(plan, classes, tests) for plan in plans]
+
     def begin_task(self, classes: list[int], plan: ArrivalPlan, previous_best: float | None,
                    *eval_batches: pa.RecordBatch) -> None:
         """Start a visit; with `previous_best` (a returning task) accuracy on `eval_batches` is tracked after the
@@ -93,7 +110,8 @@ class AdapterTrainer:
             self.tracker, self.eval_batches = None, eval_batches
             if previous_best is not None and self.rank == 0:  # worker 0 reports the group's recovery
                 cfg = self.config
-                self.tracker = RecoveryTracker(previous_best, cfg.recovery_tolerance, cfg.recovery_max_steps)
+                self.tracker = RecoveryTracker(previous_best, cfg.recovery_tolerance, cfg.recovery_max_steps,
+                                               cfg.recovery_fraction)
                 self._track()
 
     def _track(self) -> None:
@@ -156,15 +174,20 @@ class AdapterTrainer:
             raise RuntimeError("end_task(compress=True) must come before snapshot")
         return self.compressed
 
-    def evaluate_entry(self, entry: BankEntry | None, classes: list[int], *batches: pa.RecordBatch) -> float:
-        """Accuracy of a bank entry on its task (None: of the active capacity)."""
+    def head_state(self) -> dict[str, np.ndarray]:
+        """The active head (a memoryless rule with task_heads keeps it under the task)."""
+        return self.learner.head_state()
+
+    def evaluate_entry(self, entry: BankEntry | TaskHead | None, classes: list[int], *batches: pa.RecordBatch) -> float:
+        """Accuracy of a bank entry (or a kept head over the active adapter) on its task (None: of the active
+        capacity)."""
         with self.clock.time("evaluate"):
             if entry is None:
                 return self.learner.accuracy(batches, classes)
             return self.learner.accuracy_with(entry, classes, batches)
 
     @torch.no_grad()
-    def predict_with(self, entry: BankEntry | None, classes: list[int], batch: pa.RecordBatch) -> np.ndarray:
+    def predict_with(self, entry: BankEntry | TaskHead | None, classes: list[int], batch: pa.RecordBatch) -> np.ndarray:
         """The global class of every row of one task's batch through a bank entry (None: the active capacity);
         -1 for a head output beyond the task's classes."""
         with self.clock.time("evaluate"):
@@ -172,6 +195,14 @@ class AdapterTrainer:
                 return self.learner.scored(batch, classes)[0]
             with self.learner.holding(entry):
                 return self.learner.scored(batch, classes)[0]
+
+    def answer_routed(self, entry: BankEntry | None, task_classes: dict[int, list[int]],
+                      batch: pa.RecordBatch) -> tuple[np.ndarray, int]:
+        """A batch without its task id answered through the entry its key was routed to: (the global class of every
+        row, the entry's task); -1 and -1 without an entry."""
+        if entry is None:
+            return np.full(batch.num_rows, -1, np.int64), -1
+        return self.predict_with(entry, task_classes[entry.task], batch), entry.task
 
     def learned_counts(self) -> tuple[int, int]:
         """(rows trained on, distinct sample ids among them)."""

@@ -195,9 +195,10 @@ class FeatureFlow:
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of all persistent memory: the memory manager's stores (and the slot count), the monitor's
-        references, the served head's parts (`head.*`), the prototypes and the buffer."""
+        references (`monitor.rows`: the per-sample features they keep; `monitor.aggregates`), the served head's parts
+        (`head.*`), the prototypes and the buffer."""
         x = self.x
         report = x.get(x.call("memory", "memory_report")) if x.has("memory") else {}
         if x.has("monitor"):
-            report["monitor"] = x.get(x.call("monitor", "nbytes"))
+            report.update({f"monitor.{k}": v for k, v in x.get(x.call("monitor", "memory_bytes")).items()})
         return {**report, **x.get(x.call("predictor", "memory_bytes"))}

@@ -43,8 +43,9 @@ class NoveltyMonitor:
         """The stream position (samples observed) at which each block test ran."""
         return list(self.monitor.test_steps)
 
-    def nbytes(self) -> int:
-        return self.monitor.nbytes()
+    def memory_bytes(self) -> dict[str, int]:
+        """The references' per-sample feature rows ("rows", within `reference_bytes`) and aggregates."""
+        return self.monitor.memory_bytes()
 
     def state(self) -> dict[str, np.ndarray]:
         return self.monitor.state()

@@ -48,7 +48,7 @@ def streams(draw):
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
 @pytest.mark.parametrize("transport", ["actors", "compiled"])
-@given(batches=streams(), method=st.sampled_from(["mars", "finetune"]))
+@given(batches=streams(), method=st.sampled_from(["mars-memcl", "finetune"]))
 def test_pipeline_survives_malformed_batches(actors, tmp_path_factory, batches, method, transport):
     root = tmp_path_factory.mktemp("stream")
     write_stream(root / "data", batches, [clean_test_batch(0, 1), clean_test_batch(1, 2)])
@@ -95,7 +95,7 @@ def memcl_run(root, out, method, capsys):
     return run_dir, finished(rc, run_dir, capsys)
 
 
-@pytest.mark.parametrize("method", ["analytic", "mars"])
+@pytest.mark.parametrize("method", ["analytic", "mars-memcl"])
 def test_bad_rows_never_take_good_rows_with_them(ray_session, tmp_path, capsys, method):
     """A folder mixing good rows with one of every fault (features of 1e8 and 1e30, NaN and Inf, a null sample_id,
     rows of 15 and 17 values, sample ids that came before with other labels, a truncated Parquet file, a file of

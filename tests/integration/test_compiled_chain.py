@@ -27,10 +27,10 @@ def config(tmp_path, transport: str, **extra):
 # digits in 5 tasks of 2 classes, 45 rows per class, batches of 30: 3 batches a visit, so two encoder
 # replicas leave an empty place in the last step of every round.
 CASES = {
-    "mars": {},
+    "mars-memcl": {},
     "mars over cached features": {"runtime.cache_dir": "CACHE"},
     "mars, two replicas, one batch in flight": {"encoder.replicas": 2, "runtime.max_in_flight": 1},
-    "mars-paper-signal": {"method.name": "mars-paper-signal"},
+    "mars-memcl-paper-signal": {"method.name": "mars-memcl-paper-signal"},
     "mars-no-sgse, two replicas": {"method.name": "mars-no-sgse", "encoder.replicas": 2},
     "derpp, no memory": {"method.name": "derpp"},
     "analytic-rp, statistics in two replicas": {"method.name": "analytic-rp", "encoder.replicas": 2,

@@ -92,7 +92,7 @@ def test_bench_runs_each_method_and_seed_once_and_tables_agree_with_the_runs(act
 
 
 def test_bench_fanned_out_over_bench_workers_gives_the_sequential_rows(actors, tmp_path):
-    methods = ["mars", "derpp"]
+    methods = ["mars-memcl", "derpp"]
     kwargs = {"seeds": 1, "methods": methods, "overrides": SMALL_DRIFT, "log": lambda _: None}
     sequential = bench.bench("synthetic-drift", out=tmp_path / "sequential", actors=actors, **kwargs)
     fanned = bench.bench("synthetic-drift", out=tmp_path / "fanned", fan_out=1.0, **kwargs)

@@ -110,14 +110,14 @@ def test_in_process_and_actor_pipeline_compute_the_same_run(actors, one_torch_th
         assert dead.num_rows == local.samples.refused + local.samples.refused_test == 9 * REFUSED_PER_FILE
 
 
-@pytest.mark.parametrize("name", ["mars", "mars-analytic"])
+@pytest.mark.parametrize("name", ["mars-memcl", "mars-analytic"])
 def test_the_compiled_graph_computes_what_the_in_process_run_does(actors, one_torch_thread, folder, tmp_path, name):
     local = runner.run(config_for("short-and-refused", folder, tmp_path, name), in_process=True)
     compiled = config_for("short-and-refused", folder, tmp_path, name, transport="compiled")
     assert_same_run(local, runner.run(compiled, actors=actors))
 
 
-@pytest.mark.parametrize("name", ["mars", "derpp", "analytic", "mars-analytic"])
+@pytest.mark.parametrize("name", ["mars-memcl", "derpp", "analytic", "mars-analytic"])
 def test_a_stream_that_does_not_wait_publishes_the_same_versions_in_process_and_on_actors(
         actors, one_torch_thread, folder, tmp_path, name):
     """The simulated clock at one batch per pass: the trainers consolidate in the background while the stream goes
@@ -136,13 +136,13 @@ def test_a_stream_that_does_not_wait_publishes_the_same_versions_in_process_and_
         assert done["versions"] <= waited["versions"] and clock["busy"] > 0
     else:  # a head of sums keeps up: the same run as when the stream waits
         assert local.metrics["prequential"] == waits.metrics["prequential"]
-    if name in ("mars", "derpp"):  # a trained head learns a row when its consolidation is published: later here
+    if name in ("mars-memcl", "derpp"):  # a trained head learns a row when its consolidation is published: later here
         assert done["staleness_mean"] > waited["staleness_mean"] > 0
     else:  # a head of sums learned each row as it came
         assert done["staleness_mean"] == waited["staleness_mean"] == 0
 
 
-@pytest.mark.parametrize("name", ["mars", "slda"])
+@pytest.mark.parametrize("name", ["mars-memcl", "slda"])
 def test_anytime_evaluation_is_the_same_in_process_and_on_actors(actors, one_torch_thread, folder, tmp_path, name):
     """Three evaluations inside each visit, every task: the anytime matrix and the accuracy matrix are the same both
     ways; the accuracy matrix keeps only seen tasks while the anytime rows fill the tasks not seen yet; the class
@@ -246,7 +246,7 @@ def test_a_wall_clock_stream_publishes_each_version_once_its_trainers_are_done(a
                                                                              tmp_path):
     """Wall mode on actors: versions are published when the trainers have finished (machine-dependent), never out of
     order, and every labelled row is still predicted before it is learned and consolidated once."""
-    config = config_for("task-free", folder, tmp_path, "mars", **{"stream.realtime.mode": "wall"})
+    config = config_for("task-free", folder, tmp_path, "mars-memcl", **{"stream.realtime.mode": "wall"})
     result = runner.run(config, actors=actors)
     predictions = pq.read_table(result.run_dir / "predictions") if (result.run_dir / "predictions").exists() else None
     assert predictions is None  # a labelled stream: nothing goes to the sink

@@ -38,7 +38,7 @@ def test_digits_through_inline_encoder_actor(actors, tmp_path):
         assert (run_dir / name).stat().st_size > 0, name
     on_disk = json.loads((run_dir / "metrics.json").read_text())
     np.testing.assert_array_equal(np.array(on_disk["acc_matrix"], float), acc)
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["method"]["name"] == "mars"
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["method"]["name"] == "mars-memcl"
     assert metrics["slots"]["history"][0] == [0, 4]
     assert set(metrics["wall_seconds"]) >= {"stream", "consolidate", "evaluate", "checkpoint"}
 

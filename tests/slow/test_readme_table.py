@@ -1,5 +1,6 @@
 """README's table of what the default run reaches is what the runs give today (run with `pytest -m slow`):
-`scripts/readme_table.py --check` runs `memcl run` and its finetune twin at seed 0 and compares."""
+`scripts/readme_table.py --check` runs `memcl run` (mars-memcl), the paper's `mars` and finetune at seed 0 and
+compares."""
 
 import subprocess
 import sys

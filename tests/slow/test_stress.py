@@ -1,6 +1,6 @@
 """Long horizon through the real actor pipeline (run with `pytest -m stress`): memory stays bounded, every sample is
 learned exactly once, and the default method's SGSE keeps its guarantees (its reference signal; the MARS paper's
-signal, `mars-paper-signal`, does not on recurring tasks: kept as a measured expected failure)."""
+signal, `mars-memcl-paper-signal`, does not on recurring tasks: kept as a measured expected failure)."""
 
 import csv
 from pathlib import Path
@@ -25,7 +25,7 @@ def default_run(request, actors, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def paper_run(actors, tmp_path_factory):
-    return long_run(False, actors, tmp_path_factory, **{"method.name": "mars-paper-signal"})
+    return long_run(False, actors, tmp_path_factory, **{"method.name": "mars-memcl-paper-signal"})
 
 
 def test_long_drift_stream_keeps_memory_bounded_and_learns_every_sample_once(default_run):

@@ -45,7 +45,7 @@ CASES = {  # argv -> words the one line must contain
     "run --set method.name=nsr --set encoder.spec.name=minilm --set data.dataset=synthetic": [
         "data.dataset", "raw text or image", "features"],
     "run --set encoder.spec.name=bert": ["encoder.spec.name", "minilm"],
-    "run --set stream.task_free=true --set method.name=nsr": ["stream.task_free", "mars"],
+    "run --set stream.task_free=true --set method.name=nsr": ["stream.task_free", "mars-memcl"],
     "bench fmnist-5x2 --methods mars,foo": ["method.name", "'foo'"],
     "lm --set budgetz=[1]": ["budgetz"],
     "lm --set model.name=nope": ["model.name", "'nope'", "tiny:<arch>"],
@@ -56,7 +56,7 @@ CASES = {  # argv -> words the one line must contain
     "run --set stream.tasks": ["key=value"],
     "stress --tasks 10 --set method.nmae=x": ["nmae", "method.name"],
     "stress --tasks 10 --signals reference,bogus": ["signal", "'bogus'"],
-    "run --set runtime.data_parallel=2": ["runtime.data_parallel", "mars", "nsr-fresh"],
+    "run --set runtime.data_parallel=2": ["runtime.data_parallel", "mars-memcl", "nsr-fresh"],
     "run --set runtime.data_parallel=0": ["runtime.data_parallel", "1 or more"],
     "run --set runtime.placement.encoder.num_gpus=1": ["runtime.placement", "'encoder'", "stage1"],
     "run --config pipeline/configs/nsr-bbc-cyclic.yaml --set runtime.data_parallel=64 "
@@ -148,7 +148,7 @@ def test_config_show_loads_back_to_the_default_and_documents_keys(capsys):
     assert all("  # " in line for line in text.splitlines())  # every key has at least its type
 
 
-@pytest.mark.parametrize("what, expected", [("methods", ["mars", "nsr", "finetune"]),
+@pytest.mark.parametrize("what, expected", [("methods", ["mars-memcl", "nsr", "finetune"]),
                                             ("datasets", ["fashion-mnist", "arrow:<folder>", "bbc-news"]),
                                             ("suites", ["fmnist-5x2", "bbc-text"])])
 def test_list(capsys, what, expected):
@@ -194,5 +194,5 @@ def test_check_reads_the_first_files_of_an_arrow_folder(tmp_path, capsys):
     assert check("data.payload=text") == (2, "memcl: error: data.payload: text, but train/1.parquet has no text "
                                              "column; it carries features: set data.payload=features")
     for dim in (15, 16, 17):
-        assert check(f"data.feature_dim={dim}") == (0, f"memcl: the run can start: mars (features) on "
+        assert check(f"data.feature_dim={dim}") == (0, f"memcl: the run can start: mars-memcl (features) on "
                                                        f"arrow:{tmp_path}, features as given (no encoder)")

@@ -160,6 +160,6 @@ class NamesEveryClass(FeatureLearner):
 @pytest.mark.parametrize("learner, check", [(ForgetsItsMonitor, "restore"), (HidesItsSlots, "memory-bytes"),
                                             (NamesEveryClass, "classes")])
 def test_the_check_names_what_a_broken_learner_breaks(learner, check):
-    make = functools.partial(learner, METHODS["mars"], FEATURES_CONFIG, DIM)
+    make = functools.partial(learner, METHODS["mars-memcl"], FEATURES_CONFIG, DIM)
     with pytest.raises(AssertionError, match=f"^{check}: "):
         check_learner(make, feature_stream())

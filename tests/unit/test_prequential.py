@@ -88,7 +88,7 @@ def test_every_batch_is_predicted_with_every_row_before_it_and_near_future_by_th
         assert a.equals(b)
 
 
-@pytest.mark.parametrize("name", ["finetune", "mars", "derpp"])
+@pytest.mark.parametrize("name", ["finetune", "mars-memcl", "derpp"])
 def test_a_class_seen_once_is_predicted_from_its_next_batch_on_before_any_consolidation(name):
     """A trained head learns in consolidations; between them the predictor's class prototypes answer for the classes
     the published head cannot name. Over 20 seeded streams of well-separated classes, a class first streamed in a

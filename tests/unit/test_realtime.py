@@ -41,8 +41,8 @@ def test_wall_mode_publishes_when_the_trainers_are_done_not_at_a_declared_time()
 
 
 def test_declared_costs_count_the_trainers_passes_over_a_consolidated_batch():
-    mars = MethodConfig(name="mars")
-    assert consolidation_cost(method_spec("mars"), mars) == mars.stage1.optim.epochs + mars.stage2.optim.epochs
+    mars = MethodConfig(name="mars-memcl")
+    assert consolidation_cost(method_spec("mars-memcl"), mars) == mars.stage1.optim.epochs + mars.stage2.optim.epochs
     assert consolidation_cost(method_spec("derpp"), MethodConfig(name="derpp")) == 2 * mars.stage2.optim.epochs
     assert consolidation_cost(method_spec("mars-analytic"), MethodConfig(name="mars-analytic")) == \
         mars.stage1.optim.epochs  # the head settles in place; stage 1 trains in the background

@@ -23,7 +23,7 @@ def test_accuracy_axis_spans_the_values_and_ticks_whole_visits():
 
 
 def test_class_names_in_summary_and_labels():
-    metrics = {"method": "mars", "dataset": "fashion-mnist", "seed": 0, "acc_matrix": [[0.9, np.nan], [0.8, 0.7]],
+    metrics = {"method": "mars-memcl", "dataset": "fashion-mnist", "seed": 0, "acc_matrix": [[0.9, np.nan], [0.8, 0.7]],
                "visits": [0, 1], "task_classes": [[3, 0], [1, 2, 4, 5]],
                "class_names": ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal"],
                "samples": {"stream": 10, "learned": 10, "unique_learned": 10},
@@ -36,7 +36,8 @@ def test_class_names_in_summary_and_labels():
 
 def test_tasks_and_visits_are_numbered_from_one_in_the_table_and_the_csv(tmp_path):
     """One numbering a person reads everywhere: the table, its rows, the CSV (metrics.json keeps indices)."""
-    metrics = {"method": "mars", "dataset": "d", "seed": 0, "acc_matrix": [[0.9, np.nan], [0.8, 0.7], [0.85, 0.6]],
+    metrics = {"method": "mars-memcl", "dataset": "d", "seed": 0,
+               "acc_matrix": [[0.9, np.nan], [0.8, 0.7], [0.85, 0.6]],
                "visits": [1, 0, 1], "task_classes": [[0], [1]], "class_names": None,
                "samples": {"stream": 10, "learned": 10, "unique_learned": 10}, "memory_bytes": {}, "wall_seconds": {}}
     lines = report.summary_table(metrics).splitlines()

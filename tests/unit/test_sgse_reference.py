@@ -10,6 +10,7 @@ import pytest
 from memcl_ops.mars.sgse import NoveltyMonitor, SGSEConfig, beta_binomial_cdf, conformal_rank, max_expanding_successes
 
 CONFIG = SGSEConfig(signal="reference")
+AGGREGATES = replace(CONFIG, reference_bytes=0)  # no per-sample feature kept: per-slot means and distances
 MAX_K = max_expanding_successes(CONFIG.block_size, CONFIG.z, CONFIG.tau_exp)
 
 
@@ -60,11 +61,13 @@ def test_too_few_calibration_rows_accept_nothing():
     assert conformal_rank(15, 20, MAX_K, 0.05) == 15
 
 
+@pytest.mark.parametrize("kept", [CONFIG, AGGREGATES], ids=["rows", "aggregates"])
 @pytest.mark.parametrize(("dim", "classes", "size"), [(8, 1, 64), (32, 5, 64), (128, 3, 32), (16, 10, 128)])
-def test_false_expansion_rate_per_test_is_at_most_alpha_on_exchangeable_streams(dim, classes, size):
+def test_false_expansion_rate_per_test_is_at_most_alpha_on_exchangeable_streams(dim, classes, size, kept):
     """After the first block (nothing is covered yet: one expansion), an iid stream from one mixture expands at
-    most α per test (+ 3 binomial standard errors), over 8 seeded streams."""
-    config = replace(CONFIG, reference_size=size)
+    most α per test (+ 3 binomial standard errors), over 8 seeded streams; with rows kept, and with aggregates only
+    (a running mean, against which the calibration distances were measured as it moved)."""
+    config = replace(kept, reference_size=size)
     tests = false = 0
     for seed in range(8):
         rng = np.random.default_rng([dim, classes, size, seed])
@@ -97,13 +100,14 @@ def test_decisions_read_only_the_frozen_features():
     assert len(runs[0][0]) >= 4  # one expansion per regime at least
 
 
-def test_new_regimes_are_detected_within_three_blocks():
+@pytest.mark.parametrize("kept", [CONFIG, AGGREGATES], ids=["rows", "aggregates"])
+def test_new_regimes_are_detected_within_three_blocks(kept):
     """A new class region after a stationary stretch expands within 3 blocks in >= 95 % of 100 seeded trials."""
     detected = 0
     for seed in range(100):
         rng = np.random.default_rng(10_000 + seed)
         means = rng.normal(scale=3.0, size=(2, 32))
-        monitor = NoveltyMonitor(CONFIG)
+        monitor = NoveltyMonitor(kept)
         observe(monitor, mixture(rng, 1000, means))
         before, start = monitor.expansions, monitor.steps
         shifted = means + 12.0 * rng.normal(size=32) / np.sqrt(32)
@@ -112,11 +116,12 @@ def test_new_regimes_are_detected_within_three_blocks():
     assert detected >= 95
 
 
-def test_a_recurring_regime_is_judged_by_its_own_reference():
+@pytest.mark.parametrize("kept", [CONFIG, AGGREGATES], ids=["rows", "aggregates"])
+def test_a_recurring_regime_is_judged_by_its_own_reference(kept):
     """Tasks that recur do not expand again: A, B, A, B, ... costs two expansions, not one per visit."""
     rng = np.random.default_rng(7)
     regimes = [rng.normal(scale=3.0, size=(2, 24)) + offset for offset in (0.0, 15.0)]
-    monitor = NoveltyMonitor(CONFIG)
+    monitor = NoveltyMonitor(kept)
     for visit in range(20):
         observe(monitor, mixture(rng, 300, regimes[visit % 2]))
     assert monitor.expansions <= 2 + 0.05 * monitor.tests
@@ -129,13 +134,16 @@ def through_npz(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
-def test_state_round_trip_mid_block_continues_identically():
+@pytest.mark.parametrize("budget", [2**20, 1500, 0])
+def test_state_round_trip_mid_block_continues_identically(budget):
+    """With every reference's rows, with some compacted (1,500 bytes hold 31 rows of 12 floats) and with none."""
     rng = np.random.default_rng(11)
     x = np.concatenate([mixture(rng, 730, rng.normal(scale=3, size=(3, 12))) for _ in range(3)])
-    a = NoveltyMonitor(CONFIG)
+    config = replace(CONFIG, reference_bytes=budget)
+    a = NoveltyMonitor(config)
     a.observe(np.zeros(1097), x[:1097])  # mid-block, references built
     assert a.nbytes() > 0 and a.trials
-    b = NoveltyMonitor(CONFIG)
+    b = NoveltyMonitor(config)
     b.restore(through_npz(a.state()))
     ea, eb = a.observe(np.zeros(len(x) - 1097), x[1097:]), b.observe(np.zeros(len(x) - 1097), x[1097:])
     assert len(ea) == len(eb) >= 1 and a.test_steps == b.test_steps
@@ -151,8 +159,40 @@ def test_reported_bytes_are_the_arrays_kept():
     monitor = NoveltyMonitor(CONFIG)
     observe(monitor, mixture(rng, 2000, rng.normal(scale=3, size=(2, 10))))
     refs = monitor.signal.references
-    assert refs and monitor.nbytes() == sum(r.bank.nbytes + r.calibration.nbytes + 8 for r in refs)
+    assert refs and monitor.memory_bytes() == {"rows": sum(r.bank.nbytes + r.calibration.nbytes for r in refs),
+                                               "aggregates": 16 * len(refs) + 8}
     assert all(len(r.bank) <= CONFIG.reference_size // 2 for r in refs)
+
+
+@pytest.mark.parametrize("budget", [0, 3000, 10_000])
+def test_per_sample_features_never_exceed_the_byte_budget(budget):
+    """Six regimes, each starting a reference: after every batch the references' rows fit `reference_bytes`, the
+    references past it keep only their summary (a mean, `aggregate_rank` directions, a count and a trace) and at most
+    m/2 distances, and the ones compacted are those refreshed longest ago (the regime streaming now keeps its rows
+    whenever the budget holds them)."""
+    rng = np.random.default_rng(5)
+    dim = 10
+    config = replace(CONFIG, reference_bytes=budget)
+    monitor = NoveltyMonitor(config)
+    regimes = [rng.normal(scale=3.0, size=(2, dim)) + rng.normal(scale=10.0, size=dim) for _ in range(6)]
+    for regime in regimes:
+        x = mixture(rng, 400, regime)
+        for a in range(0, len(x), 40):
+            monitor.observe(np.zeros(40), x[a:a + 40])
+            held = monitor.memory_bytes()
+            assert held["rows"] <= budget
+            assert held["rows"] == sum(r.row_bytes() for r in monitor.signal.references)
+    refs, refreshed = monitor.signal.references, monitor.signal.refreshed
+    assert len(refs) >= 6
+    compacted = [j for j, r in enumerate(refs) if r.compacted]
+    assert all(r.row_bytes() == 0 and len(r.scores) <= config.reference_size // 2
+               and r.summary.mean.shape == (dim,) and r.summary.factor.shape[1] <= config.aggregate_rank
+               and r.aggregate_bytes() == 8 + r.scores.nbytes + 4 * dim * (1 + r.summary.factor.shape[1]) + 16
+               for r in (refs[j] for j in compacted))
+    kept = [j for j in range(len(refs)) if j not in compacted]
+    assert compacted == list(range(len(compacted)))  # the regimes came one after another: the oldest went first
+    full = config.reference_size * dim * 4  # one full reference's rows
+    assert compacted and (not kept) == (budget < full) and (budget < full or refreshed.index(max(refreshed)) in kept)
 
 
 def test_a_feature_row_per_confidence():
