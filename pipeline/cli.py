@@ -119,7 +119,7 @@ def refusal_line(samples) -> str:
 
 
 def cmd_stress(args: argparse.Namespace) -> int:
-    from memcl.pipeline.stress import compare, table
+    from memcl.pipeline.stress import RSS_GROWTH, THROUGHPUT_RATIO, compare, table
 
     results = compare(args.tasks, args.task_free, _overrides(args), args.signals and args.signals.split(","),
                       chaos=args.chaos)
@@ -127,14 +127,19 @@ def cmd_stress(args: argparse.Namespace) -> int:
     mode = "task-free" if first["task_free"] else "task boundaries given"
     print(f"stress: {first['tasks']} visits of {first['distinct_tasks']} recurring tasks ({mode}), "
           f"{first['samples']['stream']} samples per run; bound S0 + N_T + 0.05 M, revisit false-expansion rate "
-          f"<= 0.05, >= 95 % of novel events detected within 3 blocks, RSS growth < 10 %, last tenth's throughput "
-          f">= 0.8 x the second tenth's")
+          f"<= 0.05, >= 95 % of novel events detected within 3 blocks, RSS growth < {100 * RSS_GROWTH:.0f} %, last "
+          f"tenth's throughput >= {THROUGHPUT_RATIO} x the second tenth's, stores within their budgets")
     print(table(results))
     for r in results:
         samples = r["samples"]
         once = samples["learned"] == samples["unique_learned"] == samples["stream"]
         print(f"{r['method']} ({r['signal']} signal): {r['wall_seconds']:.0f} s, every sample learned exactly once: "
               f"{'yes' if once else 'NO'}; run folder {r['run_dir']} (stress.csv, stress.png, stress.json)")
+        print("  store bytes at 10 % -> end of the stream (budget): " + ", ".join(
+            f"{name} {v['at_10pct']:,} -> {v['at_end']:,}" + (f" ({v['budget']:,})" if v["budget"] is not None else "")
+            for name, v in r["stores"].items()))
+        print("  RSS growth from 10 % to the end: " + ", ".join(
+            f"{role} {100 * g:+.1f} %" for role, g in r["rss_growth_10_to_100pct"].items()))
     return 0
 
 
