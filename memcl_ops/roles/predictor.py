@@ -16,7 +16,6 @@ run starts that consolidation again and publishes the same model."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,11 +27,10 @@ from memcl_ops.buffer import BufferConfig, ConsolidationBuffer
 from memcl_ops.clock import StageClock
 from memcl_ops.learner import FeatureMemory, HeadLearner
 from memcl_ops.method_config import MethodConfig
-from memcl_ops.methods import build_head, method_spec
+from memcl_ops.methods import build_head
 from memcl_ops.prequential import NearFutureModels, PrequentialConfig, prediction_table
-from memcl_ops.tensors import SampleIds, array_bytes, prefixed, resolve_device, state_part
-
-MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's state -> the memory
+from memcl_ops.roles.stage2_trainer import MemoryBuilder, set_head_role
+from memcl_ops.tensors import SampleIds, array_bytes, prefixed, state_part
 
 
 class ClassPrototypes:
@@ -94,13 +92,7 @@ class Predictor:
     def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
               memory_from_state: MemoryBuilder | None = None, near_future: int = PrequentialConfig.near_future,
               buffer: BufferConfig = BufferConfig(), device: str = "cpu") -> None:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        self.spec = method_spec(method.name)
-        self.method = self.spec.resolve(method)
-        self.feature_dim, self.seed = feature_dim, seed
-        self.device = resolve_device(device)
-        self.memory_from_state = memory_from_state
+        set_head_role(self, method, feature_dim, seed, threads, memory_from_state, device)
         self.head: HeadLearner = self._new_head()
         self.online = hasattr(self.head, "observe")  # learns each batch itself: consolidation settles in place
         self.memory: FeatureMemory | None = None

@@ -23,6 +23,19 @@ from memcl_ops.training import ProgressQueue, epoch_reporter, report_epochs
 MemoryBuilder = Callable[[dict[str, np.ndarray]], FeatureMemory]  # a memory's state -> the memory
 
 
+def set_head_role(role, method: MethodConfig, feature_dim: int, seed: int, threads: int | None,
+                  memory_from_state: MemoryBuilder | None, device: str) -> None:
+    """What a role that builds the method's head holds of its construction: the method (resolved), the feature size,
+    the seed, the device it computes on and how it rebuilds a memory; `threads` sets torch's threads."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    role.spec = method_spec(method.name)
+    role.method = role.spec.resolve(method)
+    role.feature_dim, role.seed = feature_dim, seed
+    role.device = resolve_device(device)
+    role.memory_from_state = memory_from_state
+
+
 class Stage2Trainer:
     """`threads`: the hosting process's torch threads (None: leave them); `memory_from_state`: how the memory the
     head reads is rebuilt from its state (None: the method has no memory); `device`: where the head's epochs run
@@ -38,13 +51,7 @@ class Stage2Trainer:
 
     def reset(self, method: MethodConfig, feature_dim: int, seed: int, threads: int | None = None,
               memory_from_state: MemoryBuilder | None = None, device: str = "cpu") -> None:
-        if threads is not None:
-            torch.set_num_threads(threads)
-        self.spec = method_spec(method.name)
-        self.method = self.spec.resolve(method)
-        self.feature_dim, self.seed = feature_dim, seed
-        self.device = resolve_device(device)
-        self.memory_from_state = memory_from_state
+        set_head_role(self, method, feature_dim, seed, threads, memory_from_state, device)
         self.learner = self._new_head()
         self.clock = StageClock()
 
