@@ -443,9 +443,11 @@ def test_class_gaussian_draws_of_a_small_class_use_its_unbiased_covariance():
     torch.testing.assert_close(torch.cov(rows.T.double()), torch.cov(x.T.double()), rtol=0.02, atol=0.02)
 
 
-def test_stage2_config_refuses_a_negative_gaussian_rank():
-    with pytest.raises(ValueError, match=r"gaussian_rank >= 0, got .*, -1$"):
+def test_stage2_config_refuses_a_negative_gaussian_rank_or_teacher_budget():
+    with pytest.raises(ValueError, match=r"gaussian_rank >= 0 and teacher_bytes >= 0, got .*, -1, 16777216$"):
         Stage2Config(gaussian_rank=-1)
+    with pytest.raises(ValueError, match=r"teacher_bytes >= 0, got .*, 32, -1$"):
+        Stage2Config(teacher_bytes=-1)
 
 
 def test_class_gaussians_name_a_checkpoint_they_cannot_resume():
