@@ -4,7 +4,7 @@ at two rates, the trainers consolidating in the background (prequential accuracy
 consolidated rows: labelled rows delivered between a row's arrival and the version that learned it). Mean ± std
 over the seeds each folder holds; the share of labelled rows the buffer let go where any was.
 
-    M=mars,mars-analytic,analytic,analytic-rp,finetune,lwf,ewc,derpp,simplecil,slda,ncm,joint,blind
+    M=mars-memcl,mars,mars-analytic,analytic,analytic-rp,finetune,lwf,ewc,derpp,simplecil,slda,ncm,joint,blind
     for s in synthetic-drift bbc-text digits-mnist-fmnist fmnist-5x2; do
       memcl bench $s --seeds 3 --methods $M --set stream.task_free=true --set method.consolidate_every=2 \
         --out runs/waits
