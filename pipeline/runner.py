@@ -136,8 +136,8 @@ def set_up(config: RunConfig, spec: MethodSpec, info: StreamInfo, actors: ActorC
                     raise RunStopped(f"setting up the run (its actors, the feature cache's encoding): {faults} actor "
                                      f"faults in a row (runtime.max_recoveries = {rt.max_recoveries}), the last in "
                                      f"{where} ({type(err).__name__})", None,
-                                     next_step="run the same command again: the feature cache keeps what was "
-                                               "encoded") from err
+                                     next_step="run the same command again" + (
+                                         ": the feature cache keeps what was encoded" if rt.cache_dir else "")) from err
                 log.warning("actor fault setting up the run (%s, %s); starting set-up again", where,
                             type(err).__name__)
 

@@ -115,15 +115,23 @@ def test_a_kill_storm_stops_the_run_at_its_checkpoint_and_resume_completes_it(ac
     assert samples["learned"] == samples["unique_learned"] == samples["stream"] == reference["samples"]["stream"]
 
 
-def test_chaos_mode_storm_on_the_command_line_is_one_line_naming_the_resume_command(tmp_path):
-    """`memcl run --chaos` killing faster than a step can finish: exit 1, one line that says how to resume."""
+def test_chaos_mode_storm_on_the_command_line_is_one_line_naming_the_command_that_goes_on(tmp_path):
+    """`memcl run --chaos` killing faster than a step can finish, from set-up on: exit 1, one line that names the
+    command that goes on: `--resume` of a folder with a checkpoint, or (stopped in set-up) the same command again,
+    with no folder left behind."""
     cfg = config(tmp_path, **{"runtime.max_recoveries": 1, "runtime.checkpoint": True})
     dump_config(cfg, tmp_path / "storm.yaml")
     proc = memcl("run", "--config", str(tmp_path / "storm.yaml"), "--chaos", "0.01")
     out, _ = proc.communicate(timeout=300)
     errors = [line for line in out.splitlines() if line.startswith("memcl: error:")]
     assert proc.returncode == 1, out
-    assert len(errors) == 1 and "actor faults in a row" in errors[0] and "memcl run --resume" in errors[0], out
+    assert len(errors) == 1 and "actor faults in a row" in errors[0], out
+    folders = [p for p in tmp_path.iterdir() if p.is_dir()]
+    if "setting up the run" in errors[0]:
+        assert errors[0].endswith("run the same command again") and not folders, out
+    else:
+        (folder,) = folders
+        assert errors[0].endswith(f"memcl run --resume {folder}") and any(folder.rglob("ckpt-*.sha256")), out
 
 
 # The stream does not wait: task-free rounds of 2 batches, one batch per pass; a consolidation of stage 1's 2 and

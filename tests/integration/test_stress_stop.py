@@ -17,7 +17,7 @@ def test_a_stopped_stress_run_names_the_command_that_finishes_its_folder(ray_ses
     assert cli.main(args) == 1
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("memcl: error:"))
     (stopped,) = tmp_path.iterdir()
-    assert stopped.name.endswith("-mars-reference-drift-v2-t20-d32-s0-chaos")  # one seed: the stream's
+    assert stopped.name.endswith("-mars-memcl-reference-drift-v2-t20-d32-s0-chaos")  # one seed: the stream's
     assert "actor faults in a row" in line and f"`memcl run --resume {stopped}` finishes its stream" in line
     assert "memcl stress does not resume a run" in line and "a longer --chaos interval" in line
     assert cli.main(["run", "--resume", str(stopped)]) == 0
