@@ -93,16 +93,25 @@ def row_label(metrics: dict, i: int) -> str:
     return f"{i + 1} (task {metrics['visits'][i] + 1})"
 
 
+HEATMAP_LABELLED_ROWS = 40  # past this many rows the heatmap keeps a fixed height, without a figure in each cell
+
+
 def _heatmap(acc: np.ndarray, metrics: dict, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(2.6 + 0.9 * acc.shape[1], 1.8 + 0.45 * acc.shape[0]))  # room for class names
-    im = ax.imshow(np.ma.masked_invalid(acc), vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    for (i, j), v in np.ndenumerate(acc):
-        if not np.isnan(v):
-            ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+    labelled = acc.shape[0] <= HEATMAP_LABELLED_ROWS  # a long run's matrix at one row per 0.45 in: gigabytes
+    rows = acc.shape[0] if labelled else HEATMAP_LABELLED_ROWS
+    fig, ax = plt.subplots(figsize=(2.6 + 0.9 * acc.shape[1], 1.8 + 0.45 * rows))  # room for class names
+    im = ax.imshow(np.ma.masked_invalid(acc), vmin=0, vmax=1, cmap="viridis", aspect="auto", interpolation="nearest")
+    if labelled:
+        for (i, j), v in np.ndenumerate(acc):
+            if not np.isnan(v):
+                ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+        ax.set_yticks(range(acc.shape[0]), [row_label(metrics, i) for i in range(acc.shape[0])])
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_formatter(lambda y, _: f"{int(y) + 1}")  # rows counted from 1, as in acc_matrix.csv
     ax.set_xticks(range(acc.shape[1]), [task_label(metrics, j, "\n") for j in range(acc.shape[1])], fontsize=7)
     ax.set_xlabel("evaluated on task")
     ax.set_ylabel("after round (task-free)" if metrics.get("task_free") else "after visit (task trained)")
-    ax.set_yticks(range(acc.shape[0]), [row_label(metrics, i) for i in range(acc.shape[0])])
     ax.set_title(_title(metrics), fontsize=9)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
@@ -115,7 +124,8 @@ def _over_time(acc: np.ndarray, metrics: dict, path: Path) -> None:
     x = (np.array([row["round"] + 1 for row in metrics["rows"]]) if metrics.get("task_free")
          else np.arange(1, acc.shape[0] + 1))
     for j in range(acc.shape[1]):
-        ax.plot(x, acc[:, j], marker="o", ms=3, label=task_label(metrics, j))
+        ax.plot(x, acc[:, j], marker="o" if acc.shape[0] <= HEATMAP_LABELLED_ROWS else None, ms=3,
+                label=task_label(metrics, j))
     evaluated = ~np.isnan(acc).all(axis=1)
     ax.plot(x[evaluated], np.nanmean(acc[evaluated], axis=1), "k--", lw=2, label="mean (evaluated)")
     ax.set_xlabel("rounds completed (task-free)" if metrics.get("task_free") else "visits completed")

@@ -65,3 +65,20 @@ def test_a_long_run_prints_its_last_rows_and_names_the_file_with_every_row(tmp_p
     assert f"(290 earlier rows left out; every row: {tmp_path / 'acc_matrix.csv'})" in lines
     short = report.summary_table({**metrics, "acc_matrix": acc[:3].tolist(), "visits": visits[:3]})
     assert len([line for line in short.splitlines() if " | " in line]) == 4 and "left out" not in short
+
+
+def test_a_long_run_draws_its_accuracy_matrix_at_a_bounded_size(tmp_path):
+    """A 10,000-visit run drew a heatmap 0.45 in per row (half a million pixels tall, tens of gigabytes with a
+    label per cell): past 40 rows the picture keeps the height of 40 and every row of acc_matrix.csv."""
+    from PIL import Image
+
+    def drawn(rows: int) -> tuple[int, int]:
+        visits = [v % 3 for v in range(rows)]
+        metrics = {"method": "mars", "dataset": "d", "seed": 0, "acc_matrix": np.full((rows, 3), 0.5).tolist(),
+                   "visits": visits, "task_classes": [[0], [1], [2]], "class_names": None}
+        report.write_matrix(tmp_path, metrics)
+        assert len((tmp_path / "acc_matrix.csv").read_text().splitlines()) == rows + 1
+        return Image.open(tmp_path / "acc_matrix.png").size
+
+    forty, long = drawn(40), drawn(400)
+    assert long == forty and drawn(20)[1] < forty[1]
