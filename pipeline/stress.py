@@ -9,7 +9,7 @@ injected, M: the tests the monitor ran, α = 0.05); on revisits (visits that sta
 the tests expand; at least 95 % of the novel events (each task's first visit, each abrupt shift) are detected
 within 3 blocks; the resident memory of every process grows by less than 3 % between 10 % and 100 % of the
 stream; the throughput of the last tenth of the stream is at least 0.95 of the second tenth's; every store with a
-declared byte budget (the monitor's per-sample references, the consolidation buffer, the teacher's anchors) is
+declared byte budget (the monitor's per-sample references, the consolidation buffer) is
 within it at every sample, and each store's bytes at 10 % and 100 % of the stream are reported beside it.
 """
 
