@@ -1,7 +1,9 @@
 """The consolidation buffer: every labelled row the stream delivered that no consolidation has taken yet, under a
-byte budget (`stream.buffer`). A round's rows become due when the round ends; a consolidation takes every due row
-(`take`). While the trainer lags, rows pile up: past the budget the buffer lets rows go, each counted, by its
-policy:
+byte budget (`stream.buffer`). A round's rows become due when the round ends. A consolidation takes one round's
+rows (`take`): during the stream the newest due round, so its cost stays that of one round however far the trainer
+lags and the version it publishes has learned the freshest rows; once the stream has ended, the rounds the trainer
+missed, oldest first, so the last version has learned the stream in its order. While the trainer lags, rows pile
+up: past the budget the buffer lets rows go, each counted, by its policy:
 
 * "class-balanced" (the default): the oldest rows of the classes that hold the most rows go first, so every class
   keeps as many rows as the budget allows for the least of them;
@@ -71,11 +73,13 @@ class ConsolidationBuffer:
         """Rows of the rounds before `open_round` (those a consolidation may take)."""
         return int((self.rounds < open_round).sum())
 
-    def take(self, open_round: int) -> pa.RecordBatch | None:
-        """Every due row, in arrival order, as one feature batch (None: none due); they leave the buffer."""
+    def take(self, open_round: int, *, newest: bool = True) -> pa.RecordBatch | None:
+        """The rows of the newest due round (`newest` False: the oldest), in arrival order, as one feature batch
+        (None: none due); they leave the buffer."""
         due = self.rounds < open_round
         if not due.any():
             return None
+        due &= self.rounds == (self.rounds[due].max() if newest else self.rounds[due].min())
         block = S.feature_batch(self.ids[due], self.features[due], self.labels[due], self.tasks[due])
         block = block.append_column("arrival", pa.array(self.arrival[due]))
         self._keep(~due)

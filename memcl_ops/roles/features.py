@@ -6,7 +6,7 @@ Per training batch:   slots.route_batch (applies the previous batch's expansions
                       predictor.step: the batch predicted by the served model, then learned by the per-batch step
                       and buffered (memcl_ops/roles/predictor.py)
 At a round's end:     predictor.end_round: its rows are due for consolidation
-A consolidation:      slots.expand (the last batch's) -> predictor.take_block (the due rows) -> stage1.train
+A consolidation:      slots.expand (the last batch's) -> predictor.take_block (one due round) -> stage1.train
                       -> stage2.consolidate (a trained head: the head, through the trained memory, and its task-end
                       snapshot), in the background
 Publishing it:        slots.load_trained -> predictor.install: the next model version
@@ -129,27 +129,28 @@ class FeatureFlow:
                 ) -> list[Published]:
         """Everything the clock has done by `now`: publish the consolidation in flight once it is due (or done,
         "wall"), start the next once a round has ended and the trainers are free. `final`: the stream has ended,
-        the trainers work off every due round. Returns what was published."""
+        the trainers work off the rounds still due, oldest first. Returns what was published."""
         published = []
         while True:
             if self.job is not None and (final or clock.publishes_by(now) or self._done(clock)):
                 published.append(self.publish())
                 clock.end(now)
                 continue
-            if self.job is None and clock.due:
-                self.begin(clock, now, progress)
+            if self.job is None and (clock.due or (final and self.x.get(self.x.call("predictor", "due_rows")))):
+                self.begin(clock, now, progress, newest=not final)
                 continue
             return published
 
     def _done(self, clock: StreamClock) -> bool:
         return clock.mode == "wall" and self.x.ready(self.job.snapshot or self.job.trained or self.job.memory)
 
-    def begin(self, clock: StreamClock, now: float, progress: Any = None) -> None:
-        """Start a consolidation of every due row (the clock learns its size where its cost depends on it)."""
+    def begin(self, clock: StreamClock, now: float, progress: Any = None, newest: bool = True) -> None:
+        """Start a consolidation of the newest due round (`newest` False: the oldest); the clock learns its size
+        where its cost depends on it."""
         x = self.x
         self.end_stream()  # stage 1 trains every slot SGSE has added (the memory manager runs it first)
         memory = store_call(x, "slots", "memory_state") if self.spec.memory else None
-        block = x.call("predictor", "take_block", memory)
+        block = x.call("predictor", "take_block", memory, newest)
         clock.begin(now, x.get(x.call("predictor", "in_flight_rows")) if clock.cost else 0)
         self.job = self._submit(memory, block, clock.published, progress)
 

@@ -152,10 +152,12 @@ class Predictor:
 
     # -- consolidation: the due rows taken, the result published --
 
-    def take_block(self, memory_state: dict[str, np.ndarray] | None = None) -> pa.RecordBatch | None:
-        """The due rows, out of the buffer, for the consolidation that starts now (None: no row due), kept with
-        `memory_state` (the memory it starts from) until it is published."""
-        block = self.buffer.take(self.round)
+    def take_block(self, memory_state: dict[str, np.ndarray] | None = None, newest: bool = True
+                   ) -> pa.RecordBatch | None:
+        """The newest due round's rows (`newest` False: the oldest's), out of the buffer, for the consolidation
+        that starts now (None: no row due), kept with `memory_state` (the memory it starts from) until it is
+        published."""
+        block = self.buffer.take(self.round, newest=newest)
         self.in_flight = {"running": np.array(True), **prefixed("memory", memory_state or {}),
                           **(prefixed("block", _block_arrays(block)) if block is not None else {})}
         return block
@@ -165,6 +167,10 @@ class Predictor:
         it again)."""
         block = state_part(self.in_flight, "block")
         return _block_from(block) if block else None, state_part(self.in_flight, "memory") or None
+
+    def due_rows(self) -> int:
+        """Rows of ended rounds that no consolidation has taken."""
+        return self.buffer.due(self.round)
 
     def in_flight_rows(self) -> int:
         return len(state_part(self.in_flight, "block").get("ids", ()))

@@ -122,8 +122,9 @@ def test_a_stream_that_does_not_wait_publishes_the_same_versions_in_process_and_
         actors, one_torch_thread, folder, tmp_path, name):
     """The simulated clock at one batch per pass: the trainers consolidate in the background while the stream goes
     on, and both executors publish each version before the same batch. Every labelled row is still consolidated
-    once; rows predicted before the version that learned them wait longer than when the stream waits, and a
-    trained head serves fewer versions."""
+    once, and no consolidation takes more than one round's rows however far the trainers lag; rows predicted before
+    the version that learned them wait longer than when the stream waits, and a trained head serves fewer
+    versions."""
     config = config_for("task-free", folder, tmp_path, name, **{"stream.realtime.mode": "simulated"})
     local = runner.run(config, in_process=True)
     assert_same_run(local, runner.run(config, actors=actors))
@@ -132,6 +133,8 @@ def test_a_stream_that_does_not_wait_publishes_the_same_versions_in_process_and_
     assert done["observed"] == done["consolidated"] == waited["consolidated"] == local.samples.learned
     clock = local.metrics["realtime"]
     assert clock["job"] is None and clock["published"] == done["versions"]
+    taken = [c["rows"] for e in local.metrics["round_log"] for c in e["consolidations"] if "rows" in c]
+    assert max(taken) <= max(e["batches"] for e in local.metrics["round_log"]) * config.stream.batch_size
     if clock["cost"]:  # trainers busy in the background: versions come later, and no more of them
         assert done["versions"] <= waited["versions"] and clock["busy"] > 0
     else:  # a head of sums keeps up: the same run as when the stream waits

@@ -82,20 +82,25 @@ def test_the_reservoir_buffer_draws_what_goes_by_the_arrival_it_is_at():
     assert kept[0] == kept[1]
 
 
-def test_a_consolidation_takes_the_rows_of_ended_rounds_in_arrival_order_and_leaves_the_open_one():
+def test_a_consolidation_takes_the_newest_ended_round_and_after_the_stream_the_oldest_left():
+    """A lagging trainer learns the freshest rows at the cost of one round; the rounds it missed wait for the
+    stream's end, then go oldest first; the open round is never taken."""
     buffer = _buffer(rows=100)
     _add(buffer, [0, 1], first=0, round_index=0)
     _add(buffer, [1, 0], first=2, round_index=1)
     _add(buffer, [2], first=4, round_index=2)
     assert buffer.due(open_round=2) == 4
     block = buffer.take(open_round=2)
-    assert block.column("sample_id").to_pylist() == [0, 1, 2, 3]
-    assert block.column("arrival").to_pylist() == [0, 1, 2, 3]
-    assert buffer.ids.tolist() == [4] and buffer.take(open_round=2) is None
+    assert block.column("sample_id").to_pylist() == [2, 3]
+    assert block.column("arrival").to_pylist() == [2, 3]
+    assert buffer.due(open_round=2) == 2 and buffer.take(open_round=3).column("sample_id").to_pylist() == [4]
     state = buffer.state()
     again = _buffer(rows=100)
     again.restore(state)
-    assert again.take(open_round=3).column("sample_id").to_pylist() == [4]
+    _add(again, [0], first=5, round_index=3)
+    assert again.take(open_round=5, newest=False).column("sample_id").to_pylist() == [0, 1]
+    assert again.take(open_round=5, newest=False).column("sample_id").to_pylist() == [5]
+    assert again.take(open_round=5, newest=False) is None and len(again) == 0
 
 
 def test_a_stream_set_to_off_in_yaml_waits():
