@@ -138,8 +138,10 @@ def cmd_stress(args: argparse.Namespace) -> int:
         print("  store bytes at 10 % -> end of the stream (budget): " + ", ".join(
             f"{name} {v['at_10pct']:,} -> {v['at_end']:,}" + (f" ({v['budget']:,})" if v["budget"] is not None else "")
             for name, v in r["stores"].items()))
-        print("  RSS growth from 10 % to the end: " + ", ".join(
-            f"{role} {100 * g:+.1f} %" for role, g in r["rss_growth_10_to_100pct"].items()))
+        unique = r["uss_growth_10_to_100pct"]
+        print("  RSS growth from 10 % to the end (unique memory, USS): " + ", ".join(
+            f"{role} {100 * g:+.1f} % ({100 * unique[role]:+.1f} %)" if role in unique else f"{role} {100 * g:+.1f} %"
+            for role, g in r["rss_growth_10_to_100pct"].items()))
     return 0
 
 

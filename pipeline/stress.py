@@ -84,17 +84,18 @@ class Sampler:
         self.last_round = -1
 
     def _rss(self, pipe: FeaturePipeline) -> dict[str, int | None]:
-        """Resident bytes and PID of every role's process, read anew each time: a fault (or chaos mode) may have
-        restarted an actor since the last sample; one that vanished since its PID was read is not sampled (None)."""
+        """Resident bytes, the bytes unique to the process (USS: its RSS less the pages it shares, such as Ray's
+        object store mapped into every process that reads it) and PID of every role's process and the driver's,
+        read anew each time: a fault (or chaos mode) may have restarted an actor since the last sample; one that
+        vanished since its PID was read is not sampled (None)."""
         rss: dict[str, int | None] = {}
-        for role, pid in pipe.roles.actors.pids(pipe.roles.names).items():
+        for role, pid in [*pipe.roles.actors.pids(pipe.roles.names).items(), ("driver", os.getpid())]:
             rss[f"pid.{role}"] = pid
             try:
-                rss[f"rss.{role}"] = psutil.Process(pid).memory_info().rss
+                memory = psutil.Process(pid).memory_full_info()
+                rss[f"rss.{role}"], rss[f"uss.{role}"] = memory.rss, memory.uss
             except psutil.NoSuchProcess:
-                rss[f"rss.{role}"] = None
-        rss["pid.driver"] = os.getpid()
-        rss["rss.driver"] = psutil.Process().memory_info().rss
+                rss[f"rss.{role}"] = rss[f"uss.{role}"] = None
         return rss
 
     def __call__(self, r: int, state: runner.RunState, pipe: FeaturePipeline) -> None:
@@ -141,12 +142,13 @@ def novelty(event_starts: list[int], visit_samples: int, test_steps: list[int], 
             "false_rate": false / revisit_tests if revisit_tests else 0.0}
 
 
-def rss_growth(rows: list[dict], tenth: int) -> dict[str, float]:
-    """Per role, how much its process's resident memory grew from 10 % of the stream (or from its process's first
-    sample, where a fault restarted the actor later) to the end; a process sampled fewer than twice is left out."""
+def rss_growth(rows: list[dict], tenth: int, kind: str = "rss") -> dict[str, float]:
+    """Per role, how much its process's resident memory (`kind` "uss": its unique memory) grew from 10 % of the
+    stream (or from its process's first sample, where a fault restarted the actor later) to the end; a process
+    sampled fewer than twice is left out."""
     growth = {}
-    for key in [k for k in rows[-1] if k.startswith("rss.")]:
-        role = key[4:]
+    for key in [k for k in rows[-1] if k.startswith(f"{kind}.")]:
+        role = key[len(kind) + 1:]
         late = next((r for r in reversed(rows) if r.get(key) is not None), None)
         if late is None:
             continue
@@ -194,6 +196,7 @@ def checks(rows: list[dict], metrics: dict, info_novel: int, initial_slots: int,
                     "detection_holds": detection["detection_rate"] >= DETECTION_RATE},
         "monitor_ms_per_batch": 1000 * metrics["actor_busy_seconds"].get("monitor.monitor", 0.0) / max(batches, 1),
         "rss_growth_10_to_100pct": growth, "rss_holds": all(g < RSS_GROWTH for g in growth.values()),
+        "uss_growth_10_to_100pct": rss_growth(rows, tenth, "uss"),
         # a slower end of the stream is the regression to catch; a faster one is not
         "throughput": {"second_tenth": second, "last_tenth": last, "ratio": last / second,
                        "holds": last / second >= THROUGHPUT_RATIO},
