@@ -1,7 +1,8 @@
 """Where the driver's memory grows over a long horizon: `memcl stress`'s stream (pipeline/stress.py, its defaults)
 through the real actor pipeline, with Python's tracemalloc in the driver. A snapshot is taken when a tenth of the
-rounds has committed and another when the last has (before the run's reports are drawn); the script prints the driver's RSS at both and the source lines whose
-live Python allocations grew the most between them (traced frames: `--frames`).
+rounds has committed and another when the last has (before the run's reports are drawn); the script prints the
+driver's memory at both and the source lines whose live Python allocations grew the most between them (traced
+frames: `--frames`).
 
     python benchmarks/driver_growth.py --tasks 1000            # the top 25 lines
     python benchmarks/driver_growth.py --tasks 1000 --frames 8 --top 10 --group traceback

@@ -6,11 +6,11 @@ the clock decides is which model version predicts it.
   before the next batch arrives.
 * "simulated": the stream does not wait, on an event clock whose unit is one pass over a batch. Batch p arrives at
   p / rate. A consolidation starts when a round has ended and the trainers are free, takes the newest ended round's
-  rows (the rounds the trainers missed wait in the buffer; after the stream they are consolidated oldest first), and keeps the trainers busy for
-  its cost: `cost` passes per batch of rows it consolidates (the method's declared cost, memcl_ops/costs.py, unless
-  `stream.realtime.cost` sets one). It is published at its start plus its cost, so the
-  batches that arrive meanwhile are predicted by the version before it (Ghunaim et al., "Real-Time Evaluation in
-  Online Continual Learning: A New Hope", CVPR 2023, with the learning moved to the background). The result
+  rows (the rounds the trainers missed wait in the buffer; after the stream they are consolidated oldest first),
+  and keeps the trainers busy for its cost: `cost` passes per batch of rows it consolidates (the method's declared
+  cost, memcl_ops/costs.py, unless `stream.realtime.cost` sets one). It is published at its start plus its cost, so
+  the batches that arrive meanwhile are predicted by the version before it (Ghunaim et al., "Real-Time Evaluation
+  in Online Continual Learning: A New Hope", CVPR 2023, with the learning moved to the background). The result
   depends on neither the machine nor its load.
 * "wall": the stream does not wait and a consolidation is published as soon as the trainers have finished it,
   checked before each batch (machine-dependent; a replayed round may publish at other batches).

@@ -24,8 +24,10 @@ from memcl.pipeline import runner
 from memcl.pipeline.config import load_config
 from memcl_ops.arrow import schema as S
 
-FILLERS = ("one two three four five six seven eight nine ten eleven twelve house tree cat dog sun moon star sky road "
-           "hill door wall book pen cup box").split()
+FILLERS = (
+    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "house",
+    "tree", "cat", "dog", "sun", "moon", "star", "sky", "road", "hill", "door", "wall", "book", "pen", "cup", "box",
+)
 SIGNALS = ("apple", "river", "green", "plane")  # the word of class 0, 1 (task A) and 2, 3 (task B)
 PER_CLASS, TEST_PER_CLASS, STEP_ROWS = 64, 16, 8
 SEEDS = range(5)
