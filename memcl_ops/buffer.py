@@ -2,8 +2,8 @@
 byte budget (`stream.buffer`). A round's rows become due when the round ends. A consolidation takes one round's
 rows (`take`): during the stream the newest due round, so its cost stays that of one round however far the trainer
 lags and the version it publishes has learned the freshest rows; once the stream has ended, the rounds the trainer
-missed, oldest first, so the last version has learned the stream in its order. While the trainer lags, rows pile
-up: past the budget the buffer lets rows go, each counted, by its policy:
+passed over, oldest first, one consolidation each. While the trainer lags, rows pile up: past the budget the buffer
+lets rows go, each counted, by its policy:
 
 * "class-balanced" (the default): the oldest rows of the classes that hold the most rows go first, so every class
   keeps as many rows as the budget allows for the least of them;
