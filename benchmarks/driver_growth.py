@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import tracemalloc
+from pathlib import Path
 
 import psutil
 import pyarrow as pa
@@ -46,22 +47,32 @@ def main(argv: list[str] | None = None) -> int:
     rounds = len(plan_rounds(info, False, config.method.consolidate_every))
     process = psutil.Process()
     libc = ctypes.CDLL("libc.so.6")
-    marks: dict[str, tuple[tracemalloc.Snapshot, dict[str, float]]] = {}
+    marks: dict[str, dict[str, float]] = {}
+    snapshots = Path(args.out) / "driver-growth-tenth.tracemalloc"
 
     def on_round(r: int, *_: object) -> None:
-        if r + 1 in (max(rounds // 10, 1), rounds):
-            snapshot, memory = tracemalloc.take_snapshot(), process.memory_full_info()
-            libc.malloc_trim(0)
-            refs = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
-            marks["end" if r + 1 == rounds else "tenth"] = (snapshot, {
-                "RSS MiB": memory.rss / 2**20, "shared pages in RSS MiB": memory.shared / 2**20,
-                "unique (USS) MiB": memory.uss / 2**20,
-                "RSS after malloc_trim MiB": process.memory_info().rss / 2**20,
-                "Arrow pool MiB": pa.total_allocated_bytes() / 2**20, "Ray object references": len(refs)})
+        if r + 1 not in (max(rounds // 10, 1), rounds):
+            return
+        memory = process.memory_full_info()  # before the snapshot: tracemalloc does not trace its own
+        libc.malloc_trim(0)
+        refs = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
+        at = "end" if r + 1 == rounds else "tenth"
+        marks[at] = {"RSS MiB": memory.rss / 2**20, "shared pages in RSS MiB": memory.shared / 2**20,
+                     "unique (USS) MiB": memory.uss / 2**20,
+                     "RSS after malloc_trim MiB": process.memory_info().rss / 2**20,
+                     "Arrow pool MiB": pa.total_allocated_bytes() / 2**20, "Ray object references": len(refs)}
+        snapshot = tracemalloc.take_snapshot()
+        if at == "tenth":  # kept on disk, so the end's figures do not hold it
+            snapshots.parent.mkdir(parents=True, exist_ok=True)
+            snapshot.dump(str(snapshots))
+        else:
+            kept["end"] = snapshot
 
+    kept: dict[str, tracemalloc.Snapshot] = {}
     tracemalloc.start(args.frames)
     runner.run(config, on_round=on_round)
-    (start, at_tenth), (end, at_end) = marks["tenth"], marks["end"]
+    end, start = kept["end"], tracemalloc.Snapshot.load(str(snapshots))
+    at_tenth, at_end = marks["tenth"], marks["end"]
     traced = sum(s.size for s in end.statistics("filename")) - sum(s.size for s in start.statistics("filename"))
     print(f"{rounds} rounds; traced Python allocations {traced / 2**20:+.2f} MiB from a tenth to the end")
     for name, value in at_tenth.items():
