@@ -32,3 +32,17 @@ def test_signals_that_would_not_run_are_refused_in_one_line(method, given, names
     with pytest.raises(ConfigError) as err:
         signals(method, given)
     assert all(name in str(err.value) for name in names) and "\n" not in str(err.value)
+
+
+def test_memory_growth_is_read_from_the_second_tenth_per_process_and_per_kind():
+    """Growth runs from the tenth's sample (or from a restarted actor's first sample) to the last, for resident and
+    unique memory alike; a process sampled once is left out."""
+    from memcl.pipeline.stress import rss_growth
+
+    rows = [{"pid.driver": 1, "rss.driver": 100 + i, "uss.driver": 50 + 2 * i,
+             "pid.monitor": 7 if i < 6 else 8, "rss.monitor": 200 if i < 6 else 300 + i, "uss.monitor": 10,
+             "pid.encoder": 3 if i < 9 else 4, "rss.encoder": 40, "uss.encoder": 20} for i in range(10)]
+    rss, uss = rss_growth(rows, tenth=2), rss_growth(rows, tenth=2, kind="uss")
+    assert rss["driver"] == pytest.approx(109 / 101 - 1) and uss["driver"] == pytest.approx(68 / 52 - 1)
+    assert rss["monitor"] == pytest.approx(309 / 306 - 1) and uss["monitor"] == 0.0
+    assert "encoder" not in rss and "encoder" not in uss
