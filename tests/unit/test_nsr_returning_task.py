@@ -10,8 +10,8 @@ held back. Over five seeds (the data and the run's seed), each claim holds on ev
 
 The memoryless rule that keeps every task's head (`fresh` with `task_heads`) is not the comparison here: on this
 encoder the frozen features already separate each task's classes, so a task's own head answers it whatever the
-adapter, and that rule's forgetting is noise around 0 (0.14, 0.03, 0, -0.19, 0 over these seeds; the bank's is 0).
-benchmarks/nsr_recovery.py compares all the rules on the pretrained MiniLM."""
+adapter and there is no forgetting for the bank to beat. benchmarks/nsr_recovery.py compares all the rules on the
+pretrained MiniLM."""
 
 from pathlib import Path
 
