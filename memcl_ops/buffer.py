@@ -73,6 +73,11 @@ class ConsolidationBuffer:
         """Rows of the rounds before `open_round` (those a consolidation may take)."""
         return int((self.rounds < open_round).sum())
 
+    def round_rows(self, round_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(features, labels) of the rows `round_index` delivered that the buffer still holds; they stay."""
+        rows = self.rounds == round_index
+        return self.features[rows], self.labels[rows]
+
     def take(self, open_round: int, *, newest: bool = True) -> pa.RecordBatch | None:
         """The rows of the newest due round (`newest` False: the oldest), in arrival order, as one feature batch
         (None: none due); they leave the buffer."""

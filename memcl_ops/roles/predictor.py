@@ -5,8 +5,10 @@ consolidation buffer (memcl_ops/buffer.py) until a consolidation takes them:
 * a head that learns each batch exactly (one with `observe`: the analytic heads, SLDA, the nearest means, the blind
   baseline) adds the batch to its sums; its consolidation only settles what they hold (λ chosen again), in place;
 * a trained head (MARS's stage 2, LwF, fine-tuning, EWC, DER++, joint) is consolidated by the trainers in the
-  background; meanwhile the class prototypes here (running class means of the raw features) answer for the classes
-  the published head has not learned yet, so a class seen once is predicted from its next batch on.
+  background; meanwhile an interim head here answers for the classes the published head has not learned yet, so a
+  class seen once is predicted from its next batch on. It is the `analytic` head on the raw features (exact sums of
+  every labelled row, solved lazily; λ and the nearest-mean blend chosen on each round's rows as the round ends): a
+  row goes to it where its answer is a class the published head cannot name.
 
 A consolidation's result is published (`install`) as a new model version; every prediction row carries the version
 that made it. The predictor keeps the published head's full state, which is where the trainer's head stands between
@@ -22,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticLearner
 from memcl_ops.arrow import schema as S
 from memcl_ops.buffer import BufferConfig, ConsolidationBuffer
 from memcl_ops.clock import StageClock
@@ -33,48 +36,11 @@ from memcl_ops.roles.stage2_trainer import MemoryBuilder, set_head_role
 from memcl_ops.tensors import SampleIds, array_bytes, prefixed, state_part
 
 
-class ClassPrototypes:
-    """Running means of each class's raw features (float64 sums, so the order of the rows does not matter)."""
+# The interim head of a trained method: the `analytic` head on the raw features, its λ and nearest-mean blend chosen
+# at each round's end on that round's rows (leave-one-out), so it keeps no reservoir of rows of its own.
+INTERIM = AnalyticConfig(expansion_dim=0, lambda_selection="loo")
 
-    def __init__(self, feature_dim: int):
-        self.classes = np.zeros(0, np.int64)
-        self.sums = np.zeros((0, feature_dim), np.float64)
-        self.counts = np.zeros(0, np.int64)
-
-    def add(self, features: np.ndarray, labels: np.ndarray) -> None:
-        new = np.setdiff1d(np.unique(labels), self.classes)
-        if len(new):
-            self.classes = np.concatenate([self.classes, new])
-            self.sums = np.concatenate([self.sums, np.zeros((len(new), self.sums.shape[1]))])
-            self.counts = np.concatenate([self.counts, np.zeros(len(new), np.int64)])
-        index = {int(c): i for i, c in enumerate(self.classes)}
-        rows = np.array([index[int(c)] for c in labels], np.int64)
-        np.add.at(self.sums, rows, features.astype(np.float64))
-        np.add.at(self.counts, rows, 1)
-
-    def nearest(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(the class of the nearest mean, its squared Euclidean distance) per row."""
-        means = self.sums / self.counts[:, None]
-        x = features.astype(np.float64)
-        distance = (x * x).sum(1)[:, None] - 2 * x @ means.T + (means * means).sum(1)[None, :]
-        best = distance.argmin(axis=1)
-        return self.classes[best], distance[np.arange(len(best)), best]
-
-    def copy(self) -> ClassPrototypes:
-        out = ClassPrototypes(self.sums.shape[1])
-        out.classes, out.sums, out.counts = self.classes.copy(), self.sums.copy(), self.counts.copy()
-        return out
-
-    def state(self) -> dict[str, np.ndarray]:
-        return {"classes": self.classes.copy(), "sums": self.sums.copy(), "counts": self.counts.copy()}
-
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        self.classes = np.array(state["classes"], np.int64)
-        self.sums = np.array(state["sums"], np.float64).reshape(len(self.classes), self.sums.shape[1])
-        self.counts = np.array(state["counts"], np.int64)
-
-
-Model = tuple[HeadLearner, FeatureMemory | None, ClassPrototypes | None]  # what predicts: head, memory, prototypes
+Model = tuple[HeadLearner, FeatureMemory | None, AnalyticLearner | None]  # what predicts: head, memory, interim head
 
 
 class Predictor:
@@ -97,7 +63,7 @@ class Predictor:
         self.online = hasattr(self.head, "observe")  # learns each batch itself: consolidation settles in place
         self.memory: FeatureMemory | None = None
         self.memory_state: dict[str, np.ndarray] = {}  # the state `memory` was built from
-        self.prototypes = None if self.online else ClassPrototypes(feature_dim)
+        self.interim = None if self.online else self._new_interim()
         self.buffer = ConsolidationBuffer(feature_dim, buffer, seed)
         self.version = 0  # consolidations published
         self.round = 0  # the open round: its rows are not due yet
@@ -113,6 +79,9 @@ class Predictor:
         if hasattr(head, "observe") and hasattr(head, "to"):  # a head of sums: its sums where the role computes
             head.to(self.device)
         return head
+
+    def _new_interim(self) -> AnalyticLearner:
+        return AnalyticLearner(self.feature_dim, INTERIM, self.seed)
 
     # -- the stream: each batch predicted, then learned by the cheap step and buffered --
 
@@ -140,14 +109,17 @@ class Predictor:
         if self.online:
             self.head.observe(x, y, self.memory)
         else:
-            self.prototypes.add(x.numpy(), y.numpy())
+            self.interim.observe(x, y, None)
         labels = S.labels_to_numpy(batch)
         self.buffer.add(ids, x.numpy(), y.numpy(), S.task_ids_to_numpy(batch)[labels >= 0], self.observed,
                         self.round)
         self.observed += len(y)
 
     def end_round(self) -> None:
-        """The open round ended: its rows are due for consolidation."""
+        """The open round ended: its rows are due for consolidation, and the interim head chooses its λ on them."""
+        features, labels = self.buffer.round_rows(self.round)
+        if self.interim is not None and len(labels):
+            self.interim.settle(torch.from_numpy(features), torch.from_numpy(labels.astype(np.int64)), None)
         self.round += 1
 
     # -- consolidation: the due rows taken, the result published --
@@ -222,25 +194,22 @@ class Predictor:
     # -- what the served model answers --
 
     def _model(self) -> Model:
-        return self.head, self.memory, self.prototypes
+        return self.head, self.memory, self.interim
 
     def _model_copy(self) -> Model:
         """The model as it stands, kept apart from the learning to come: an online head's frozen copy (a trained
-        head is replaced at each install, never changed) and the prototypes' copy."""
+        head is replaced at each install, never changed) and the interim head's."""
         head = self.head.frozen() if self.online else self.head
-        return head, self.memory, None if self.prototypes is None else self.prototypes.copy()
+        return head, self.memory, None if self.interim is None else self.interim.frozen()
 
     def _scored(self, model: Model, features: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        head, memory, prototypes = model
+        head, memory, interim = model
         prediction, score = head.scored(features, memory)
-        if prototypes is None or not len(prototypes.classes):
+        if interim is None:
             return prediction, score
-        unknown = np.setdiff1d(prototypes.classes, head.known_classes())
-        if not len(unknown):
-            return prediction, score
-        nearest, distance = prototypes.nearest(features.numpy())
-        new = np.isin(nearest, unknown)  # the nearest class mean is a class the head cannot name yet
-        return np.where(new, nearest, prediction), np.where(new, -distance, score).astype(np.float32)
+        guess, guess_score = interim.scored(features, None)
+        new = ~np.isin(guess, head.known_classes()) & (guess >= 0)  # a class the head cannot name yet
+        return np.where(new, guess, prediction), np.where(new, guess_score, score).astype(np.float32)
 
     def predict(self, batch: pa.RecordBatch) -> np.ndarray:
         """The class of every row of a feature batch, by the model served now."""
@@ -280,11 +249,11 @@ class Predictor:
                 "staleness_max": int(self.staleness[1])}
 
     def memory_bytes(self) -> dict[str, int]:
-        """The served head's parts (`head.*`), the prototypes and the buffer (with the block a consolidation
+        """The served head's parts (`head.*`), the interim head and the buffer (with the block a consolidation
         holds)."""
         out = prefixed("head", self.head.memory_bytes())
-        if self.prototypes is not None:
-            out["prototypes"] = array_bytes(self.prototypes.state())
+        if self.interim is not None:
+            out["interim"] = sum(self.interim.memory_bytes().values())
         out["buffer"] = self.buffer.nbytes() + array_bytes(state_part(self.in_flight, "block"))
         return out
 
@@ -293,8 +262,8 @@ class Predictor:
                **prefixed("buffer", self.buffer.state()), **prefixed("in_flight", self.in_flight),
                "counters": np.array([self.version, self.round, self.observed, *self.staleness], np.int64),
                **prefixed("learned", self.learned.state())}
-        if self.prototypes is not None:
-            out.update(prefixed("prototypes", self.prototypes.state()))
+        if self.interim is not None:
+            out.update(prefixed("interim", self.interim.state()))
         out.update(prefixed("versions", self.earlier.state(self._versions_state)))
         return out
 
@@ -307,24 +276,25 @@ class Predictor:
         self.version, self.round, self.observed, *staleness = (int(v) for v in state["counters"])
         self.staleness = np.array(staleness, np.int64)
         self.learned.restore(state_part(state, "learned"))
-        if self.prototypes is not None:
-            self.prototypes.restore(state_part(state, "prototypes"))
+        if self.interim is not None:
+            self.interim = self._new_interim()
+            self.interim.restore(state_part(state, "interim"))
         self.earlier.restore(state_part(state, "versions"), self._versions_from)
 
     def _versions_state(self, model: Model) -> dict[str, np.ndarray]:
-        head, memory, prototypes = model
+        head, memory, interim = model
         return {**prefixed("head", head.state()), **prefixed("memory", memory.state() if memory else {}),
-                **prefixed("prototypes", prototypes.state() if prototypes is not None else {})}
+                **prefixed("interim", interim.state() if interim is not None else {})}
 
     def _versions_from(self, arrays: dict[str, np.ndarray]) -> Model:
         head = self._new_head()
         head.restore(state_part(arrays, "head"))
         memory = state_part(arrays, "memory")
-        prototypes = None
-        if self.prototypes is not None:
-            prototypes = ClassPrototypes(self.feature_dim)
-            prototypes.restore(state_part(arrays, "prototypes"))
-        return head, self.memory_from_state(memory) if memory else None, prototypes
+        interim = None
+        if self.interim is not None:
+            interim = self._new_interim()
+            interim.restore(state_part(arrays, "interim"))
+        return head, self.memory_from_state(memory) if memory else None, interim
 
     def timings(self) -> dict:
         return self.clock.report()
