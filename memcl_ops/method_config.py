@@ -5,6 +5,7 @@ config it nests, once; a method's own settings are fixed by its `MethodSpec` (me
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from memcl_ops.analytic.ridge import AnalyticConfig
 from memcl_ops.baselines.heads import BlindConfig, DERppConfig, EWCConfig, SLDAConfig
@@ -35,6 +36,10 @@ class MethodConfig:
     nsr: NSRConfig = NSRConfig()
     analytic: AnalyticConfig = AnalyticConfig()
     consolidate_every: int = 8  # task-free mode: run stage 1 + 2 every K batches
+    # what answers for the classes a trained head has not learned yet, between its consolidations: "ridge", the
+    # analytic head of the raw features ((d+1)(d+2)/2 sums and a Cholesky of d+1 per batch), or "nearest-mean", the
+    # Euclidean class means (a sum per class: for a large feature dimension d or a tight memory) [R]
+    interim: Literal["ridge", "nearest-mean"] = "ridge"
 
 
 

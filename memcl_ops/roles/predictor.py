@@ -6,9 +6,10 @@ consolidation buffer (memcl_ops/buffer.py) until a consolidation takes them:
   baseline) adds the batch to its sums; its consolidation only settles what they hold (λ chosen again), in place;
 * a trained head (MARS's stage 2, LwF, fine-tuning, EWC, DER++, joint) is consolidated by the trainers in the
   background; meanwhile an interim head here answers for the classes the published head has not learned yet, so a
-  class seen once is predicted from its next batch on. It is the `analytic` head on the raw features (exact sums of
-  every labelled row, solved lazily; λ and the nearest-mean blend chosen on each round's rows as the round ends): a
-  row goes to it where its answer is a class the published head cannot name.
+  class seen once is predicted from its next batch on. By default (`method.interim`) it is the `analytic` head on the
+  raw features (exact sums of every labelled row, solved lazily; λ and the nearest-mean blend chosen on each round's
+  rows as the round ends); "nearest-mean" keeps the Euclidean class means instead. A row goes to it where its answer
+  is a class the published head cannot name.
 
 A consolidation's result is published (`install`) as a new model version; every prediction row carries the version
 that made it. The predictor keeps the published head's full state, which is where the trainer's head stands between
@@ -26,6 +27,7 @@ import torch
 
 from memcl_ops.analytic.ridge import AnalyticConfig, AnalyticLearner
 from memcl_ops.arrow import schema as S
+from memcl_ops.baselines.heads import StreamingLDAHead
 from memcl_ops.buffer import BufferConfig, ConsolidationBuffer
 from memcl_ops.clock import StageClock
 from memcl_ops.learner import FeatureMemory, HeadLearner
@@ -35,12 +37,12 @@ from memcl_ops.prequential import NearFutureModels, PrequentialConfig, predictio
 from memcl_ops.roles.stage2_trainer import MemoryBuilder, set_head_role
 from memcl_ops.tensors import SampleIds, array_bytes, prefixed, state_part
 
-
 # The interim head of a trained method: the `analytic` head on the raw features, its λ and nearest-mean blend chosen
 # at each round's end on that round's rows (leave-one-out), so it keeps no reservoir of rows of its own.
 INTERIM = AnalyticConfig(expansion_dim=0, lambda_selection="loo")
 
-Model = tuple[HeadLearner, FeatureMemory | None, AnalyticLearner | None]  # what predicts: head, memory, interim head
+Interim = AnalyticLearner | StreamingLDAHead  # `method.interim`: "ridge" or "nearest-mean"
+Model = tuple[HeadLearner, FeatureMemory | None, Interim | None]  # what predicts: head, memory, interim head
 
 
 class Predictor:
@@ -80,7 +82,9 @@ class Predictor:
             head.to(self.device)
         return head
 
-    def _new_interim(self) -> AnalyticLearner:
+    def _new_interim(self) -> Interim:
+        if self.method.interim == "nearest-mean":
+            return StreamingLDAHead(self.feature_dim, covariance=False)
         return AnalyticLearner(self.feature_dim, INTERIM, self.seed)
 
     # -- the stream: each batch predicted, then learned by the cheap step and buffered --

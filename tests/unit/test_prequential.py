@@ -120,12 +120,13 @@ def test_a_class_seen_once_is_predicted_from_its_next_batch_on_before_any_consol
 
 @pytest.mark.parametrize("name", ["finetune", "mars-memcl"])
 def test_before_its_first_consolidation_a_trained_head_answers_with_a_ridge_head_where_class_means_fail(name):
-    """Until a trained head has learned a class, the predictor's interim head answers for it: a ridge head of the
-    raw features, which weighs each direction by its spread. Two classes whose means differ along e1 under noise
-    that moves e1 and e2 together (spread 8 along e1 + e2, 0.3 across): across them the classes lie far apart, along
-    e1 they overlap. Over 20 seeded streams, the first round's third batch (no version published yet) is predicted
-    above 90 % right, where the nearest class mean of the same rows is right on at most 75 %."""
-    interim, nearest = [], []
+    """Until a trained head has learned a class, the predictor's interim head answers for it: by default a ridge
+    head of the raw features, which weighs each direction by its spread. Two classes whose means differ along e1
+    under noise that moves e1 and e2 together (spread 8 along e1 + e2, 0.3 across): across them the classes lie far
+    apart, along e1 they overlap. Over 20 seeded streams, the first round's third batch (no version published yet)
+    is predicted above 90 % right; with `method.interim=nearest-mean` it is predicted exactly as the Euclidean
+    nearest class mean of the rows before it, right on at most 75 %."""
+    ridge, nearest = [], []
     direction = np.zeros(DIM)
     direction[:2] = 1 / np.sqrt(2)
     for seed in range(20):
@@ -138,16 +139,17 @@ def test_before_its_first_consolidation_a_trained_head_answers_with_a_ridge_head
             return S.feature_batch(np.arange(first, first + len(y)), x, y)
 
         batches = [batch(0), batch(32), batch(64)]
-        round_zero = stream_rounds(learner(name, 1), [batches])[0]
-        third = round_zero.slice(64)
-        assert set(third.column("model_version").to_pylist()) == {0}
+        third = {interim: stream_rounds(learner(name, 1, interim=interim), [batches])[0].slice(64)
+                 for interim in ("ridge", "nearest-mean")}
+        assert {v for t in third.values() for v in t.column("model_version").to_pylist()} == {0}
         y = S.labels_to_numpy(batches[2])
-        interim.append(np.mean(third.column("prediction").to_numpy() == y))
         x, seen = np.concatenate([S.features_to_numpy(b) for b in batches[:2]]), np.tile([0, 1], 32)
         means = np.stack([x[seen == c].mean(0) for c in (0, 1)])
-        distance = ((S.features_to_numpy(batches[2])[:, None, :] - means[None]) ** 2).sum(-1)
-        nearest.append(np.mean(distance.argmin(1) == y))
-    assert np.mean(interim) > 0.9 and np.mean(nearest) <= 0.75, (np.mean(interim), np.mean(nearest))
+        by_hand = ((S.features_to_numpy(batches[2])[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+        np.testing.assert_array_equal(third["nearest-mean"].column("prediction").to_numpy(), by_hand)
+        ridge.append(np.mean(third["ridge"].column("prediction").to_numpy() == y))
+        nearest.append(np.mean(by_hand == y))
+    assert np.mean(ridge) > 0.9 and np.mean(nearest) <= 0.75, (np.mean(ridge), np.mean(nearest))
 
 
 def test_the_interim_head_takes_every_row_the_gate_lets_through():
