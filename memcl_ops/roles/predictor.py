@@ -40,6 +40,9 @@ from memcl_ops.tensors import SampleIds, array_bytes, prefixed, state_part
 # The interim head of a trained method: the `analytic` head on the raw features, its λ and nearest-mean blend chosen
 # at each round's end on that round's rows (leave-one-out), so it keeps no reservoir of rows of its own.
 INTERIM = AnalyticConfig(expansion_dim=0, lambda_selection="loo")
+# its λ is chosen again once the rows summed have grown by this factor since the last choice: a choice costs a
+# Cholesky per candidate, so a stream of n rows pays O(log n) of them, not one per round
+CHOOSE_AGAIN = 1.5
 
 Interim = AnalyticLearner | StreamingLDAHead  # `method.interim`: "ridge" or "nearest-mean"
 Model = tuple[HeadLearner, FeatureMemory | None, Interim | None]  # what predicts: head, memory, interim head
@@ -66,6 +69,7 @@ class Predictor:
         self.memory: FeatureMemory | None = None
         self.memory_state: dict[str, np.ndarray] = {}  # the state `memory` was built from
         self.interim = None if self.online else self._new_interim()
+        self.interim_chosen_at = 0  # rows observed when the interim head last chose its λ
         self.buffer = ConsolidationBuffer(feature_dim, buffer, seed)
         self.version = 0  # consolidations published
         self.round = 0  # the open round: its rows are not due yet
@@ -120,10 +124,12 @@ class Predictor:
         self.observed += len(y)
 
     def end_round(self) -> None:
-        """The open round ended: its rows are due for consolidation, and the interim head chooses its λ on them."""
+        """The open round ended: its rows are due for consolidation, and the interim head chooses its λ on them when
+        the rows it sums have grown by `CHOOSE_AGAIN` since its last choice."""
         features, labels = self.buffer.round_rows(self.round)
-        if self.interim is not None and len(labels):
+        if self.interim is not None and len(labels) and self.observed >= CHOOSE_AGAIN * self.interim_chosen_at:
             self.interim.settle(torch.from_numpy(features), torch.from_numpy(labels.astype(np.int64)), None)
+            self.interim_chosen_at = self.observed
         self.round += 1
 
     # -- consolidation: the due rows taken, the result published --
@@ -264,7 +270,8 @@ class Predictor:
     def state(self) -> dict[str, np.ndarray]:
         out = {**prefixed("head", self.head.state()), **prefixed("memory", self.memory_state),
                **prefixed("buffer", self.buffer.state()), **prefixed("in_flight", self.in_flight),
-               "counters": np.array([self.version, self.round, self.observed, *self.staleness], np.int64),
+               "counters": np.array([self.version, self.round, self.observed, self.interim_chosen_at, *self.staleness],
+                                   np.int64),
                **prefixed("learned", self.learned.state())}
         if self.interim is not None:
             out.update(prefixed("interim", self.interim.state()))
@@ -277,7 +284,8 @@ class Predictor:
         self._set_memory(state_part(state, "memory") or None)
         self.buffer.restore(state_part(state, "buffer"))
         self.in_flight = state_part(state, "in_flight")
-        self.version, self.round, self.observed, *staleness = (int(v) for v in state["counters"])
+        self.version, self.round, self.observed, self.interim_chosen_at, *staleness = (
+            int(v) for v in state["counters"])
         self.staleness = np.array(staleness, np.int64)
         self.learned.restore(state_part(state, "learned"))
         if self.interim is not None:
