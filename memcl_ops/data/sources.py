@@ -294,6 +294,10 @@ class ArrowDirStream:
         held = [p.name for p in self.train_files]
         if held[:len(names)] == names:
             return
+        gone = [name for name in names if not (self.root / "train" / name).is_file()]
+        if gone:
+            raise FileNotFoundError(f"{self.root}/train/{gone[0]}: the run streamed it and it is gone; a followed "
+                                    "folder's files are the record a resume continues from: keep them")
         if names[:len(held)] != held:
             self._forget_train_files()
         self.take([self.root / "train" / name for name in names[len(self.train_files):]])
