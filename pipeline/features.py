@@ -91,7 +91,6 @@ class FeaturePipeline:
         self._take(info)
         self.task_free = config.stream.task_free
         self.ended = not config.stream.follow  # a followed folder's stream ends at its idle timeout
-        self.last_file: float | None = None  # when the stream last took a new file (monotonic; None: not yet asked)
         self.inline = self.encoders is not None and not self.features  # no feature cache: encode on the fly
         # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
         self.content_cache = rt.cache_dir if self.inline and rt.cache_dir else None
@@ -135,22 +134,21 @@ class FeaturePipeline:
                            ended=self.ended)
 
     def follow(self, wait: bool) -> None:
-        """A followed folder: the files that landed in train/ taken (the source lists it every `stream.poll_s` while
-        `wait`), until some have; or, after `stream.idle_timeout_s` without a new file, the stream's end."""
+        """A followed folder: the files that landed in train/ taken. With `wait` (the loop has no round to stream),
+        train/ is listed every `stream.poll_s` until some have, or the stream ends once it has waited
+        `stream.idle_timeout_s` (the time rounds take is no idle time: a slow round never ends the stream)."""
         stream = self.config.stream
-        now = time.monotonic()
-        self.last_file = self.last_file or now  # the idle clock starts when the stream is first followed
+        waiting_since = time.monotonic()
         while True:
             info = self.x.get(self.x.call("source", "follow", self.info.fingerprint))
             if info is not None:
                 self._take(info)
-                self.last_file = time.monotonic()
-                return
-            if stream.idle_timeout_s is not None and time.monotonic() - self.last_file >= stream.idle_timeout_s:
-                self.ended = True
-                log.info("no new file in %s for %.0f s: the stream ends", self.info.name, stream.idle_timeout_s)
                 return
             if not wait:
+                return
+            if stream.idle_timeout_s is not None and time.monotonic() - waiting_since >= stream.idle_timeout_s:
+                self.ended = True
+                log.info("no new file in %s for %g s: the stream ends", self.info.name, stream.idle_timeout_s)
                 return
             time.sleep(stream.poll_s)
 

@@ -168,9 +168,10 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         if not pipe.ended:  # the driver's plan over the files the checkpoint took, and what landed since
             recovery.run("following the stream", partial(pipe.follow, wait=False))
         rounds = pipe.plan()
-        bars.say(f"memcl: resuming {run_dir} after {_round_name(pipe, rounds, state.next_round - 1)} "
-                  f"({state.next_round} of {len(rounds)}{'' if pipe.ended else ' so far'} rounds done), "
-                  f"from {path.name}")
+        done = (f"{state.next_round} of {len(rounds)} rounds done" if pipe.ended
+                else f"{state.next_round} done, following the folder for more")
+        bars.say(f"memcl: resuming {run_dir} after {_round_name(pipe, rounds, state.next_round - 1)} ({done}), "
+                 f"from {path.name}")
     state.store = Journal(run_dir)
     state.store.cut(state.journal)  # what a killed run appended after its last checkpoint goes
     for phase, seconds in (setup_wall or {}).items():  # before the stream: actor starts, the feature cache's encoding

@@ -55,7 +55,7 @@ class StreamSpec:
     # an arrow:<folder> stream: take every data file renamed into train/ while the run goes on (docs/guide.md, "Live
     # streams"), rounds planned as their batches arrive
     follow: bool = False
-    # with follow: end the stream after this many seconds without a new file (None: run until stopped)
+    # with follow: end the stream once the run has waited this many seconds for a new file (None: run until stopped)
     idle_timeout_s: float | None = None
     poll_s: float = 0.5  # with follow: how often train/ is listed for new files while the run waits for them
 
