@@ -36,8 +36,8 @@ def plan_rounds(info: StreamInfo, task_free: bool, every: int, steps: int = 1, e
     more batches may still join or which may prove the last. A round planned is then the same whenever it is
     planned, as the stream grows, is resumed, or was whole from the start."""
     if not task_free:
-        last = len(info.visit_batches) - 1 if not ended else len(info.visit_batches)
-        return [[(v, int(i)) for i in part] for v, n in enumerate(info.visit_batches[:last])
+        visits = info.visit_batches if ended else info.visit_batches[:-1]
+        return [[(v, int(i)) for i in part] for v, n in enumerate(visits)
                 for part in np.array_split(np.arange(n), min(max(steps, 1), max(n, 1))) if len(part) or not n]
     flat = [(v, i) for v, n in enumerate(info.visit_batches) for i in range(n)]
     rounds = [flat[a:a + every] for a in range(0, len(flat), every)]
@@ -73,6 +73,7 @@ class Schedule:
         return sorted(seen if self.window is None or self.last(round_index) else seen[-self.window:])
 
     def last(self, round_index: int) -> bool:
+        """Whether round `round_index` is known to be the stream's last."""
         return self.rounds is not None and round_index == self.rounds - 1
 
     def test_visit(self, batches: RoundBatches, ended: list[int]) -> int:

@@ -183,9 +183,9 @@ def _first_task(table: pa.Table) -> int | None:
 
 
 def data_files(folder: Path) -> list[Path]:
-    """The Parquet and Arrow IPC files of one split folder, in name order. A file is written under a name that starts
-    with a dot or ends in another suffix (`.tmp`, `.part`) and renamed into place once complete, so a file still
-    being written is never read."""
+    """The Parquet and Arrow IPC files of one split folder, in name order. A name that starts with a dot or ends in
+    another suffix (`.tmp`, `.part`) is no data file: a writer writes under one and renames the file into place once
+    whole, so a file still being written is never read."""
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.suffix in ARROW_SUFFIXES and not p.name.startswith("."))

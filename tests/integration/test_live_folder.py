@@ -1,7 +1,7 @@
-"""A live stream: `memcl run` follows an `arrow:` folder (`stream.follow`) while a writer renames files into its
-train/, across a SIGKILLed driver, a Ctrl-C and two `--resume`s, until `stream.idle_timeout_s` ends it. Every
-labelled row is learned once, every unlabelled row predicted once, and the run equals an uninterrupted run over
-the whole folder."""
+"""A live stream: a run follows an `arrow:` folder (`stream.follow`) while a writer renames files into its train/,
+until `stream.idle_timeout_s` ends it: in this process, and as `memcl run` across a SIGKILLed driver, a Ctrl-C and
+two `--resume`s. Every labelled row is learned once, every unlabelled row predicted once, and the run equals an
+uninterrupted run over the whole folder."""
 
 import dataclasses
 import json
@@ -20,8 +20,6 @@ from memcl.pipeline import checkpoint, runner
 from memcl.pipeline.config import dump_config
 from tests.integration.test_predictions import ROWS, config, sink, write_folder
 from tests.killing import kill_driver_at_checkpoint, memcl
-
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]  # four drivers start Ray: minutes
 
 TASKS, IDLE_S = 4, 5.0
 
@@ -55,6 +53,52 @@ def learned_ids(run_dir: Path) -> np.ndarray:
     return np.concatenate([np.arange(a, b) for a, b in parts["predictor"]["learned.ranges"]])
 
 
+def followed(root: Path, out: Path, idle_s: float):
+    cfg = config(root, out)
+    return dataclasses.replace(cfg, stream=dataclasses.replace(cfg.stream, follow=True, idle_timeout_s=idle_s,
+                                                                 poll_s=0.05))
+
+
+def assert_same_run(run_dir: Path, metrics: dict, whole, hidden: np.ndarray, late: dict[int, int]) -> list[int]:
+    """Each labelled row learned once and each unlabelled row predicted once, as the run over the whole folder did;
+    returns the labelled sample ids."""
+    samples = metrics["samples"]
+    labelled = sorted(set(range(TASKS * ROWS)) - set(hidden.tolist()) | set(late))
+    assert samples == whole.metrics["samples"]
+    assert samples["learned"] == samples["unique_learned"] == len(labelled)
+    predicted = sink(run_dir)
+    assert sorted(predicted.column("sample_id").to_pylist()) == sorted(hidden.tolist())
+    assert predicted.equals(sink(whole.run_dir))
+    assert metrics["prequential"] == whole.metrics["prequential"]
+    np.testing.assert_array_equal(np.array(metrics["acc_matrix"], float), whole.matrix)
+    assert [r["round"] for r in metrics["round_log"]] == list(range(TASKS))
+    return labelled
+
+
+def test_a_folder_that_starts_empty_is_followed_in_this_process_until_its_idle_timeout(tmp_path):
+    """Held in this process (no Ray): train/ starts empty and a writer thread renames the files in one by one."""
+    staged = tmp_path / "staged"
+    hidden, late, _ = write_folder(staged, tasks=TASKS)
+    whole = runner.run(config(staged, tmp_path / "whole"), in_process=True, progress=False)
+    live = tmp_path / "live"
+    shutil.copytree(staged / "test", live / "test")
+    (live / "train").mkdir()
+
+    def writer() -> None:
+        for path in sorted((staged / "train").iterdir()):
+            time.sleep(0.2)
+            land(staged / "train", live / "train", path.name)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    result = runner.run(followed(live, tmp_path / "live-runs", idle_s=2.0), in_process=True, progress=False)
+    thread.join(timeout=10)
+    assert_same_run(result.run_dir, result.metrics, whole, hidden, late)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(900)  # four drivers start Ray: minutes
 def test_a_growing_folder_is_learned_once_across_a_kill_a_ctrl_c_and_resumes(actors, tmp_path):
     staged = tmp_path / "staged"
     hidden, late, _ = write_folder(staged, tasks=TASKS)
@@ -65,10 +109,7 @@ def test_a_growing_folder_is_learned_once_across_a_kill_a_ctrl_c_and_resumes(act
     (live / "train").mkdir()
     for name in ("0.parquet", "0z-labels.parquet"):
         land(staged / "train", live / "train", name)
-    cfg = config(live, out)
-    cfg = dataclasses.replace(cfg, stream=dataclasses.replace(cfg.stream, follow=True, idle_timeout_s=IDLE_S,
-                                                                poll_s=0.1))
-    dump_config(cfg, tmp_path / "live.yaml")
+    dump_config(followed(live, out, IDLE_S), tmp_path / "live.yaml")
 
     # the writer lands each file once its cue has come: while the first driver sets up, while no driver runs, and
     # while each resumed driver waits for the file that closes its next visit
@@ -114,18 +155,7 @@ def test_a_growing_folder_is_learned_once_across_a_kill_a_ctrl_c_and_resumes(act
     thread.join(timeout=10)
     assert landed == [name for _, name in plan]
 
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    expected = metrics["samples"]
-    labelled = sorted(set(range(TASKS * ROWS)) - set(hidden.tolist()) | set(late))
-    assert expected == reference.metrics["samples"]
-    assert expected["learned"] == expected["unique_learned"] == len(labelled)  # each labelled row once
-    np.testing.assert_array_equal(np.sort(learned_ids(run_dir)), labelled)
-    np.testing.assert_array_equal(np.sort(learned_ids(run_dir)), np.sort(learned_ids(reference.run_dir)))
-    predicted = sink(run_dir)
-    assert sorted(predicted.column("sample_id").to_pylist()) == sorted(hidden.tolist())  # each unlabelled row once
-    assert predicted.equals(sink(reference.run_dir))
-    assert metrics["prequential"] == reference.metrics["prequential"]
-    np.testing.assert_array_equal(np.array(metrics["acc_matrix"], float), reference.matrix)
-    assert [r["round"] for r in metrics["round_log"]] == list(range(TASKS))
+    labelled = assert_same_run(run_dir, json.loads((run_dir / "metrics.json").read_text()), reference, hidden, late)
+    np.testing.assert_array_equal(np.sort(learned_ids(run_dir)), labelled)  # the learner's own record: each once
     _, parts, _ = checkpoint.latest_valid(run_dir / "checkpoints")
     assert json.loads(parts["source"]["train_files"].item()) == sorted(p.name for p in (staged / "train").iterdir())
