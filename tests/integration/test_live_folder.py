@@ -19,7 +19,7 @@ import pytest
 from memcl.pipeline import checkpoint, runner
 from memcl.pipeline.config import dump_config
 from tests.integration.test_predictions import ROWS, config, sink, write_folder
-from tests.killing import kill_driver_at_checkpoint, memcl
+from tests.killing import kill_driver_at_checkpoint, killer, memcl
 
 TASKS, IDLE_S = 4, 5.0
 
@@ -93,6 +93,36 @@ def test_a_folder_that_starts_empty_is_followed_in_this_process_until_its_idle_t
     thread.start()
     result = runner.run(followed(live, tmp_path / "live-runs", idle_s=2.0), in_process=True, progress=False)
     thread.join(timeout=10)
+    assert_same_run(result.run_dir, result.metrics, whole, hidden, late)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_source_killed_while_the_folder_grows_replays_its_round_over_the_same_files(actors, tmp_path):
+    """The source actor dies in the second round, no restart: a new one reads the folder as it is now, is restored to
+    the files the last commit had taken and given those the driver planned over since, and the round replays."""
+    staged = tmp_path / "staged"
+    hidden, late, _ = write_folder(staged, tasks=TASKS)
+    whole = runner.run(config(staged, tmp_path / "whole"), actors=actors, progress=False)
+    live = tmp_path / "live"
+    shutil.copytree(staged / "test", live / "test")
+    (live / "train").mkdir()
+    names = sorted(p.name for p in (staged / "train").iterdir())
+    for name in names[:3]:  # task 0's files and task 1's first: the first round is known at the start
+        land(staged / "train", live / "train", name)
+
+    def writer() -> None:
+        for name in names[3:]:
+            time.sleep(0.5)
+            land(staged / "train", live / "train", name)
+
+    hook, killed = killer(actors, "source", at=(1, 0), restart=False)
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    result = runner.run(followed(live, tmp_path / "live-runs", idle_s=3.0), actors=actors, on_batch=hook,
+                        progress=False)
+    thread.join(timeout=10)
+    assert killed and result.recoveries >= 1
     assert_same_run(result.run_dir, result.metrics, whole, hidden, late)
 
 
