@@ -53,8 +53,13 @@ def learned_ids(run_dir: Path) -> np.ndarray:
     return np.concatenate([np.arange(a, b) for a, b in parts["predictor"]["learned.ranges"]])
 
 
-def followed(root: Path, out: Path, idle_s: float):
-    cfg = config(root, out)
+def task_free(cfg):
+    """Rounds of two batches, whatever the visits (a task-free round is planned once a batch beyond it has come)."""
+    return dataclasses.replace(cfg, stream=dataclasses.replace(cfg.stream, task_free=True),
+                               method=dataclasses.replace(cfg.method, consolidate_every=2))
+
+
+def followed(cfg, idle_s: float):
     return dataclasses.replace(cfg, stream=dataclasses.replace(cfg.stream, follow=True, idle_timeout_s=idle_s,
                                                                  poll_s=0.05))
 
@@ -71,15 +76,19 @@ def assert_same_run(run_dir: Path, metrics: dict, whole, hidden: np.ndarray, lat
     assert predicted.equals(sink(whole.run_dir))
     assert metrics["prequential"] == whole.metrics["prequential"]
     np.testing.assert_array_equal(np.array(metrics["acc_matrix"], float), whole.matrix)
-    assert [r["round"] for r in metrics["round_log"]] == list(range(TASKS))
+    assert [r["batches"] for r in metrics["round_log"]] == [r["batches"] for r in whole.metrics["round_log"]]
     return labelled
 
 
-def test_a_folder_that_starts_empty_is_followed_in_this_process_until_its_idle_timeout(tmp_path):
+@pytest.mark.parametrize("rounds", ["visits", "task-free"])
+def test_a_folder_that_starts_empty_is_followed_in_this_process_until_its_idle_timeout(tmp_path, rounds):
     """Held in this process (no Ray): train/ starts empty and a writer thread renames the files in one by one."""
     staged = tmp_path / "staged"
     hidden, late, _ = write_folder(staged, tasks=TASKS)
-    whole = runner.run(config(staged, tmp_path / "whole"), in_process=True, progress=False)
+    cut = task_free if rounds == "task-free" else lambda cfg: cfg
+    whole = runner.run(cut(config(staged, tmp_path / "whole")), in_process=True, progress=False)
+    # task-free: 14 batches (3 of each task's file, one of each label file), 2 a round
+    assert len(whole.metrics["round_log"]) == (TASKS if rounds == "visits" else 7)
     live = tmp_path / "live"
     shutil.copytree(staged / "test", live / "test")
     (live / "train").mkdir()
@@ -91,7 +100,8 @@ def test_a_folder_that_starts_empty_is_followed_in_this_process_until_its_idle_t
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
-    result = runner.run(followed(live, tmp_path / "live-runs", idle_s=2.0), in_process=True, progress=False)
+    result = runner.run(followed(cut(config(live, tmp_path / "live-runs")), idle_s=2.0), in_process=True,
+                        progress=False)
     thread.join(timeout=10)
     assert_same_run(result.run_dir, result.metrics, whole, hidden, late)
 
@@ -119,7 +129,7 @@ def test_the_source_killed_while_the_folder_grows_replays_its_round_over_the_sam
     hook, killed = killer(actors, "source", at=(1, 0), restart=False)
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
-    result = runner.run(followed(live, tmp_path / "live-runs", idle_s=3.0), actors=actors, on_batch=hook,
+    result = runner.run(followed(config(live, tmp_path / "live-runs"), idle_s=3.0), actors=actors, on_batch=hook,
                         progress=False)
     thread.join(timeout=10)
     assert killed and result.recoveries >= 1
@@ -139,7 +149,7 @@ def test_a_growing_folder_is_learned_once_across_a_kill_a_ctrl_c_and_resumes(act
     (live / "train").mkdir()
     for name in ("0.parquet", "0z-labels.parquet"):
         land(staged / "train", live / "train", name)
-    dump_config(followed(live, out, IDLE_S), tmp_path / "live.yaml")
+    dump_config(followed(config(live, out), IDLE_S), tmp_path / "live.yaml")
 
     # the writer lands each file once its cue has come: while the first driver sets up, while no driver runs, and
     # while each resumed driver waits for the file that closes its next visit
