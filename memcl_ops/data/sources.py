@@ -648,7 +648,8 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
                              "it: create it before the run starts)")
         if not files and not stream.follow:  # a followed folder may start empty
             raise ValueError(f"data.dataset: {path}/train/ holds no {', '.join(ARROW_SUFFIXES)} files "
-                             "(an arrow:<folder> stream needs <folder>/train/, optional <folder>/test/)")
+                             "(an arrow:<folder> stream needs <folder>/train/, optional <folder>/test/; "
+                             "stream.follow=true waits for files to land)")
         if source.payload == "features" and source.feature_dim is None:
             raise ValueError(f"data.feature_dim: {name} carries features (data.payload=features); set the width "
                              "the learner accepts, or data.payload=image / text for raw rows")
