@@ -88,11 +88,9 @@ class FeaturePipeline:
                 self.features = encode_into_cache(config, actors.handle("source"), self.encoders, info, bars)
                 self.encoding_seconds = time.perf_counter() - t_encode
             info = ray.get(actors.handle("source").describe.remote())
-            info.feature_dim = info.feature_dim or self.encoders.dim
-        self.info = info
-        self.offsets = np.cumsum([0, *info.visit_batches])  # the stream position of each visit's first batch
+        self._take(info)
         self.task_free = config.stream.task_free
-        self.rounds = len(self.plan())
+        self.ended = not config.stream.follow  # a followed folder's stream ends at its idle timeout
         self.inline = self.encoders is not None and not self.features  # no feature cache: encode on the fly
         # rows encoded in-line (an arrow: folder's text or images) are looked up by payload in the content cache
         self.content_cache = rt.cache_dir if self.inline and rt.cache_dir else None
@@ -125,8 +123,34 @@ class FeaturePipeline:
         if self.content_cache:
             self.encoders.use_cache(self.content_cache)
 
+    def _take(self, info: StreamInfo) -> None:
+        """The stream as the source describes it now (a followed folder's grows)."""
+        info.feature_dim = info.feature_dim or (self.encoders.dim if self.encoders is not None else None)
+        self.info = info
+        self.offsets = np.cumsum([0, *info.visit_batches])  # the stream position of each visit's first batch
+
     def plan(self) -> list[RoundBatches]:
-        return plan_rounds(self.info, self.task_free, self.config.method.consolidate_every, self.config.runtime.anytime)
+        return plan_rounds(self.info, self.task_free, self.config.method.consolidate_every, self.config.runtime.anytime,
+                           ended=self.ended)
+
+    def follow(self, wait: bool) -> None:
+        """A followed folder: the files that landed in train/ taken. With `wait` (the loop has no round to stream),
+        train/ is listed every `stream.poll_s` until some have, or the stream ends once it has waited
+        `stream.idle_timeout_s` (the time rounds take is no idle time: a slow round never ends the stream)."""
+        stream = self.config.stream
+        waiting_since = time.monotonic()
+        while True:
+            info = self.x.get(self.x.call("source", "follow", self.info.fingerprint))
+            if info is not None:
+                self._take(info)
+                return
+            if not wait:
+                return
+            if stream.idle_timeout_s is not None and time.monotonic() - waiting_since >= stream.idle_timeout_s:
+                self.ended = True
+                log.info("no new file in %s for %g s: the stream ends", self.info.name, stream.idle_timeout_s)
+                return
+            time.sleep(stream.poll_s)
 
     def _features(self, batch: object, letters: list) -> object:
         if not self.inline:
@@ -259,6 +283,8 @@ class FeaturePipeline:
         for split, (rows, feats) in self.features.items():
             self.x.get(self.x.call("source", "set_features", split, rows, feats))
         self.roles.restore(parts)
+        if self.config.stream.follow:  # the source back at the files the driver plans over (the last commit's and more)
+            self.x.get(self.x.call("source", "hold", self.info.extra["train_files"]))
         self._compile()
 
     def learned_counts(self) -> tuple[int, int]:

@@ -214,6 +214,7 @@ class LMPipeline:
         self.x, self.runtime = ctx.actors.executor(self._handle), rt
         self.flow = LMFlow(self.x, method, self.method, spec.budget)
         self.task_free = False  # one round per task
+        self.ended = True  # a stream planned whole at its start (only the features family follows a folder)
 
     def _handle(self, role: str):
         if role == "lm_encoder":

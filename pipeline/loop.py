@@ -3,7 +3,8 @@
 run needs:
 
 * rounds: a visit of a task, or K batches when task-free (`plan_rounds`), each streamed by the family's pipeline
-  with a bound on the calls in flight;
+  with a bound on the calls in flight; a stream that grows while it runs (`stream.follow`) is planned a round at a
+  time, the loop waiting for its batches until the stream ends (`stream.idle_timeout_s`) or is stopped;
 * fault replay: if an actor dies during any step that calls the actors (the start, a resume, a round, its
   commit's memory report and state, the observers, the run's report, a revival itself), every actor is brought
   back (Ray restarts it, or a new one is started), all are restored to the last committed state and the step is
@@ -152,7 +153,6 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
     reports = Reports(bars, keep_losses=rt.tensorboard, on_phase=on_phase, local=pipe.roles.actors.local)
     recovery = Recovery(pipe, state, rt, run_dir, reports)
     ckpt_dir = run_dir / "checkpoints"
-    rounds = pipe.plan()
     found = checkpoint.latest_valid(ckpt_dir) if resumed else None
     if resumed and found is None:
         bars.say(f"memcl: {run_dir} has no complete checkpoint yet: the run starts from its beginning")
@@ -165,8 +165,13 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
         state = recovery.state = RunState(**meta)  # before the resume: a fault there counts among its recoveries
         recovery.run("the resume", lambda: pipe.roles.resume(parts, path))
         recovery.last_good = parts
-        bars.say(f"memcl: resuming {run_dir} after {_round_name(pipe, rounds, state.next_round - 1)} "
-                  f"({state.next_round} of {len(rounds)} rounds done), from {path.name}")
+        if not pipe.ended:  # the driver's plan over the files the checkpoint took, and what landed since
+            recovery.run("following the stream", partial(pipe.follow, wait=False))
+        rounds = pipe.plan()
+        done = (f"{state.next_round} of {len(rounds)} rounds done" if pipe.ended
+                else f"{state.next_round} done, following the folder for more")
+        bars.say(f"memcl: resuming {run_dir} after {_round_name(pipe, rounds, state.next_round - 1)} ({done}), "
+                 f"from {path.name}")
     state.store = Journal(run_dir)
     state.store.cut(state.journal)  # what a killed run appended after its last checkpoint goes
     for phase, seconds in (setup_wall or {}).items():  # before the stream: actor starts, the feature cache's encoding
@@ -174,21 +179,23 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
             state.add_wall(phase, seconds)
     earlier = state.elapsed  # the sessions before this one (a resumed run's total counts them, as its phases do)
     board = TensorBoardLog(run_dir) if rt.tensorboard else None
-    late_labels = set(pipe.info.late_labels)
     chaos = (Chaos(pipe.roles.actors, pipe.roles.all_names, rt.chaos_seconds, metrics.get("seed", 0))
              if rt.chaos_seconds else contextlib.nullcontext())
     with chaos:
         reports.phase("start")
         recovery.last_good = recovery.run("the start", pipe.roles.state)  # what a fault rolls every actor back to
 
-        def round_step(r: int) -> tuple[RoundOutcome, dict[str, int], dict[str, checkpoint.State]]:
+        def round_step(rounds: list[RoundBatches], r: int
+                       ) -> tuple[RoundOutcome, dict[str, int], dict[str, checkpoint.State]]:
             outcome = stream_round(pipe, rounds, r, state, reports, on_batch)
             reports.phase("commit")
             return outcome, pipe.memory_report(), pipe.roles.state()
 
-        for r in range(state.next_round, len(rounds)):
-            outcome, memory, committed = recovery.run(f"round {r}", partial(round_step, r))
-            _commit_round(pipe, state, r, outcome, memory, run_dir, rt.prequential, rt.anytime > 0, late_labels)
+        r = state.next_round
+        while (rounds := _plan_through(pipe, r, recovery)) is not None:
+            outcome, memory, committed = recovery.run(f"round {r}", partial(round_step, rounds, r))
+            _commit_round(pipe, state, r, outcome, memory, run_dir, rt.prequential, rt.anytime > 0,
+                          set(pipe.info.late_labels))  # read each round: a followed folder's label files add to them
             state.elapsed = earlier + time.perf_counter() - started
             recovery.last_good = committed
             reports.phase("checkpoint")
@@ -201,6 +208,7 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
             if board is not None:
                 board.round(state, pipe.prequential_curve(state) if hasattr(pipe, "prequential_curve")
                             else state.records("curve")[-1:])
+            r += 1
         reports.phase("report")
         metrics.update(recovery.run("the run's report", lambda: {
             **_run_metrics(pipe, state, earlier + time.perf_counter() - started, rt),
@@ -215,12 +223,28 @@ def stream(pipe: StreamPipeline, run_dir: Path, resumed: bool, rt: RuntimeConfig
     return RunResult.of(run_dir, metrics)
 
 
+def _plan_through(pipe: StreamPipeline, r: int, recovery: Recovery) -> list[RoundBatches] | None:
+    """The rounds planned up to round r at least, or None once the stream has ended before it. A stream that may
+    still grow (a followed folder) first takes what has landed, and while round r is not planned yet waits for more
+    or for its end (`pipe.follow`)."""
+    rounds = pipe.plan()
+    while not pipe.ended:
+        planned = r < len(rounds)
+        recovery.run("following the stream", partial(pipe.follow, wait=not planned))
+        rounds = pipe.plan()
+        if planned or r < len(rounds):
+            break
+    return rounds if r < len(rounds) else None
+
+
 def stream_round(pipe: StreamPipeline, rounds: list[RoundBatches], r: int, state: RunState, reports: Reports,
                  on_batch: BatchHook | None) -> RoundOutcome:
     """One round, the same for every family: each training batch observed (at most `runtime.max_in_flight` calls
     outstanding), the round's end consolidated, then the tasks due at this evaluation point evaluated (`Schedule`:
-    after the visits the round ends; task-free, every `evaluate_every`-th round)."""
+    after the visits the round ends; task-free, every `evaluate_every`-th round). `rounds`: the plan so far, which
+    holds the stream's last round only once the stream has ended (`pipe.ended`)."""
     rt, info, batches = pipe.runtime, pipe.info, rounds[r]
+    final = pipe.ended and r == len(rounds) - 1
     letters: list = []
     started = time.perf_counter()
     pipe.begin_round(batches, state, reports)
@@ -232,9 +256,10 @@ def stream_round(pipe: StreamPipeline, rounds: list[RoundBatches], r: int, state
             on_batch(v, i)
     in_flight.drain()
     streamed = time.perf_counter()
-    end = pipe.end_round(state, reports, final=r == len(rounds) - 1)
+    end = pipe.end_round(state, reports, final=final)
     consolidated = time.perf_counter()
-    schedule = Schedule(pipe.task_free, len(rounds), rt.evaluate_every, rt.evaluate_window, rt.anytime)
+    schedule = Schedule(pipe.task_free, len(rounds) if pipe.ended else None, rt.evaluate_every, rt.evaluate_window,
+                        rt.anytime)
     ended = schedule.ended(info, batches)
     seen = seen_after(state.seen_tasks, pipe.visit_tasks(sorted({v for v, _ in batches})))
     accuracy: dict[int, float] = {}
@@ -402,7 +427,9 @@ def _anytime(pipe: StreamPipeline, matrix: list[list[float]]) -> dict:
 def _run_metrics(pipe: StreamPipeline, state: RunState, wall: float, rt: RuntimeConfig) -> dict:
     info = pipe.info
     matrix, rows, round_log = state.records("acc_rows"), state.records("rows"), state.records("round_log")
-    acc = np.array(matrix, dtype=np.float64).reshape(len(matrix), len(info.task_classes))
+    tasks = len(info.task_classes)  # a followed folder's earlier rows were written before its later tasks came
+    acc = np.array([[*row, *[np.nan] * (tasks - len(row))] for row in matrix], dtype=np.float64).reshape(
+        len(matrix), tasks)
     learned, unique = pipe.learned_counts()
     tally = Tally(**{**state.prequential, "curve": state.records("curve")})
     timings = pipe.roles.timings()

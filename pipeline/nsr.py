@@ -87,6 +87,7 @@ class NSRPipeline:
         self.x, self.runtime = actors.executor(self._handle), rt
         self.flow = NSRFlow(self.x, self.nsr)
         self.task_free = False  # NSR keys its bank at task arrival
+        self.ended = True  # a stream planned whole at its start (only the features family follows a folder)
 
     def _handle(self, role: str):
         return self.trainers.handle() if role == "adapter_trainer" else self.roles.handle(role)

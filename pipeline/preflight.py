@@ -38,6 +38,11 @@ def check_run(config: RunConfig) -> MethodSpec:
     if not is_encoder_name(config.encoder.spec.name):
         raise ConfigError(f"encoder.spec.name: unknown encoder {config.encoder.spec.name!r}; accepted: "
                           + ", ".join(ENCODER_NAMES))
+    if config.stream.follow:
+        _check_follow(spec, config)
+    elif config.stream.idle_timeout_s is not None:
+        raise ConfigError("stream.idle_timeout_s: it ends a followed folder's stream; set stream.follow=true (with "
+                          "data.dataset=arrow:FOLDER), or leave it null")
     try:
         check_source(config.data, config.stream)
     except (ValueError, DatasetUnavailable) as err:
@@ -67,6 +72,27 @@ def check_run(config: RunConfig) -> MethodSpec:
 FAMILY_ROLES = {"features": ("source", "memory", "monitor", "stage1", "stage2"),
                 "nsr": ("source", "adapter_trainer", "memory"),
                 "lm": ("lm_encoder", "lm_trainer", "memory")}
+
+
+def _check_follow(spec: MethodSpec, config: RunConfig) -> None:
+    """What following a folder needs: an `arrow:` folder, a features method, and rounds that need not know the
+    stream's size (no anytime cuts of a visit, no simulated clock, no channels sized by the largest batch)."""
+    rt = config.runtime
+    if not config.data.dataset.startswith("arrow:"):
+        raise ConfigError(f"stream.follow: {config.data.dataset} is no folder that grows; follow takes the files "
+                          "renamed into an arrow:<folder> stream's train/ (--set data.dataset=arrow:FOLDER)")
+    if spec.family != "features":
+        raise ConfigError(f"stream.follow: {spec.name} plans its stream whole at its start; a followed folder is "
+                          "streamed by the features methods (`memcl list methods`)")
+    if rt.anytime:
+        raise ConfigError("runtime.anytime: it cuts each visit into equal rounds, and a followed folder's visit grows "
+                          "until the next one begins; leave runtime.anytime=0 with stream.follow")
+    if config.stream.realtime.on:
+        raise ConfigError("stream.realtime: a followed folder's batches arrive when their files land; set "
+                          "stream.realtime.mode=off with stream.follow")
+    if rt.transport == "compiled":
+        raise ConfigError("runtime.transport=compiled: its channels are sized by the stream's largest batch, unknown "
+                          "while the folder grows; set runtime.transport=actors with stream.follow")
 
 
 def check_in_process(config: RunConfig) -> None:

@@ -240,8 +240,10 @@ class StreamPipeline(Protocol):
     x: Executor  # how the family's roles are called (actors, or objects of this process)
     runtime: RuntimeConfig
     task_free: bool  # one accuracy row per evaluation point (round) instead of one per visit ended
+    # whether the stream is whole: every family's is from its start, except a followed folder until it ends
+    ended: bool
 
-    def plan(self) -> list[RoundBatches]: ...
+    def plan(self) -> list[RoundBatches]: ...  # the rounds planned so far (all of them once the stream has ended)
 
     def begin_round(self, batches: RoundBatches, state: RunState, reports: Reports) -> None: ...
 
@@ -268,6 +270,8 @@ class StreamPipeline(Protocol):
 
     # optional, for a family whose test-then-train figures are not the loop's tally of predicted classes (the LM's
     # scores of generated answers): prequential_curve(state) -> the curve so far, a point per committed round
+    # optional, for a family whose stream may not have ended (a followed folder): follow(wait) takes what has landed,
+    # and with `wait` waits until something has or the stream ends
 
     def close(self) -> None: ...  # release what the pipeline holds besides its actors (a compiled graph)
 

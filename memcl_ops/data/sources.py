@@ -183,8 +183,12 @@ def _first_task(table: pa.Table) -> int | None:
 
 
 def data_files(folder: Path) -> list[Path]:
-    """The Parquet and Arrow IPC files of one split folder, in name order."""
-    return sorted(p for p in folder.iterdir() if p.suffix in ARROW_SUFFIXES) if folder.is_dir() else []
+    """The Parquet and Arrow IPC files of one split folder, in name order. A name that starts with a dot or ends in
+    another suffix (`.tmp`, `.part`) is no data file: a writer writes under one and renames the file into place once
+    whole, so a file still being written is never read."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix in ARROW_SUFFIXES and not p.name.startswith("."))
 
 
 @dataclass(frozen=True)
@@ -216,10 +220,20 @@ class ArrowDirStream:
         if payload == "features" and feature_dim is None:
             raise ValueError(f"{self.root}: a feature stream needs data.feature_dim (the width the learner accepts)")
         self.payload, self.labels, self.feature_dim, self.batch_size = payload, labels, feature_dim, batch_size
-        self.train_files = data_files(self.root / "train")
         self.test_files = data_files(self.root / "test")
         self._open: tuple[Path, pa.Table] | None = None  # the file read last (its batches are asked for in order)
-        task_order: dict[int, int] = {}
+        self._tests: list[tuple[int | None, list[Slice]]] = []  # per test file: its first task id and its batches
+        for path in self.test_files:
+            table = self._table(path)
+            self._tests.append((_first_task(table), self._slices(path, table.num_rows)))
+        self._forget_train_files()
+        self.take(data_files(self.root / "train"))
+
+    def _forget_train_files(self) -> None:
+        """The stream as it is before any train file is taken."""
+        self.train_files: list[Path] = []
+        self.sizes: dict[Path, int] = {}  # each train file's size when it was taken (the stream's fingerprint)
+        self.task_order: dict[int, int] = {}  # task_id -> task index, in order of first appearance
         self.visit_slices: list[list[Slice]] = []
         self.visits: list[int] = []
         self.num_rows = 0
@@ -227,10 +241,20 @@ class ArrowDirStream:
         self.task_labels: dict[int, set[int]] = {}  # the labels each task's rows carry (for tables and plots)
         self.settles: dict[Path, list[tuple[Path, int] | None]] = {}  # per label file, per row: the row it labels
         self.late_labels: list[int] = []  # the sample ids the label files settle, in stream order
+        self.ids: list[tuple[Path, pa.ChunkedArray]] = []  # the sample ids of each data file, in stream order
+        self.awaiting: dict[int, tuple[Path, int]] = {}  # unlabelled training rows no label file has settled yet
+        # per train file, its rows whose sample_id an earlier training row had, each with where that row is
+        self.repeats: dict[Path, dict[int, tuple[Path, int]]] = {}
+        self.task_ids: list[int] = []
+        self.tests: dict[int, list[Slice]] = {}
+
+    def take(self, paths: list[Path]) -> None:
+        """Append train files to the stream, in the order given. What a file adds depends only on the files before
+        it, so a stream that takes files as they land (`stream.follow`) keeps every batch where it was."""
         order: list[tuple[Path, list[int] | None, list[tuple[int, int]]]] = []  # label file ids, or unlabelled rows
-        ids: list[tuple[Path, pa.ChunkedArray]] = []  # the sample ids of each data file, in stream order
-        for path in self.train_files:
+        for path in paths:
             table = self._table(path)
+            self.sizes[path] = path.stat().st_size
             self.num_rows += table.num_rows
             if self._label_file(table):
                 order.append((path, table.column(S.SAMPLE_ID).to_pylist(), []))
@@ -241,29 +265,46 @@ class ArrowDirStream:
                 self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
                 continue
             order.append((path, None, _unlabelled_rows(table)))
-            ids.append((path, _sample_id_column(table)))
+            self.ids.append((path, _sample_id_column(table)))
             self.class_names = self.class_names or _metadata_names(table.schema)
             task = _first_task(table)
-            index = task_order.setdefault(task, len(task_order)) if task is not None else None
+            index = self.task_order.setdefault(task, len(self.task_order)) if task is not None else None
             if not self.visits or (index is not None and index != self.visits[-1]):
                 self.visits.append(0 if index is None else index)
                 self.visit_slices.append([])
             self.visit_slices[-1] += self._slices(path, table.num_rows)
             self.task_labels.setdefault(self.visits[-1], set()).update(_labels(table))
-        # per train file, its rows whose sample_id an earlier training row had, each with where that row is
-        self.repeats: dict[Path, dict[int, tuple[Path, int]]] = _repeats(ids)
+        self.train_files += paths
+        self.repeats = _repeats(self.ids)
         self._settle(order)
-        self.task_ids = sorted(task_order, key=task_order.get)
-        self.tests: dict[int, list[Slice]] = {}
-        for path in self.test_files:
-            table = self._table(path)
-            task = _first_task(table)
-            if task is not None and task in task_order:
-                self.tests.setdefault(task_order[task], []).extend(self._slices(path, table.num_rows))
+        self.task_ids = sorted(self.task_order, key=self.task_order.get)
+        self.tests = {}
+        for task, slices in self._tests:
+            if task is not None and task in self.task_order:
+                self.tests.setdefault(self.task_order[task], []).extend(slices)
+
+    def new_files(self) -> list[Path]:
+        """The data files of train/ the stream has not taken, in name order (what landed in a followed folder)."""
+        taken = set(self.train_files)
+        return [p for p in data_files(self.root / "train") if p not in taken]
+
+    def hold(self, names: list[str]) -> None:
+        """Hold at least the train files `names`, in that order (the stream a checkpoint was taken over): nothing to
+        do where they begin the stream already, else the stream is taken again from them."""
+        held = [p.name for p in self.train_files]
+        if held[:len(names)] == names:
+            return
+        gone = [name for name in names if not (self.root / "train" / name).is_file()]
+        if gone:
+            raise FileNotFoundError(f"{self.root}/train/{gone[0]}: the run streamed it and it is gone; a followed "
+                                    "folder's files are the record a resume continues from: keep them")
+        if names[:len(held)] != held:
+            self._forget_train_files()
+        self.take([self.root / "train" / name for name in names[len(self.train_files):]])
 
     def _settle(self, order: list[tuple[Path, list[int] | None, list[tuple[int, int]]]]) -> None:
         """Which earlier unlabelled row each label file's row labels (a repeated row is never one of them)."""
-        awaiting: dict[int, tuple[Path, int]] = {}  # unlabelled training rows so far, by sample_id: where they are
+        awaiting = self.awaiting  # unlabelled training rows so far, by sample_id: where they are
         for path, labelled, unlabelled in order:
             if labelled is None:
                 skip = self.repeats.get(path, {})
@@ -330,7 +371,6 @@ class ArrowDirStream:
     def describe(self) -> StreamInfo:
         tasks = max(len(self.task_ids), 1)
         allowed = set(self.labels) if self.labels is not None else None  # data.labels: the gate refuses the rest
-        listing = [f"{p.name}:{p.stat().st_size}".encode() for p in (*self.train_files, *self.test_files)]
         return StreamInfo(
             name=f"arrow:{self.root.name}", payload=self.payload,
             task_classes=[sorted(c for c in self.task_labels.get(t, ()) if allowed is None or c in allowed)
@@ -338,8 +378,17 @@ class ArrowDirStream:
             visits=self.visits, visit_batches=[len(s) for s in self.visit_slices],
             test_batches=[len(self.tests.get(t, [])) for t in range(tasks)],
             num_samples=self.num_rows, labels=self.labels, feature_dim=self.feature_dim, late_labels=self.late_labels,
-            fingerprint=_fingerprint([np.frombuffer(b"".join(listing), np.uint8), np.array([self.batch_size])]),
-            extra={"task_ids": self.task_ids, **({"class_names": self.class_names} if self.class_names else {})})
+            fingerprint=self.fingerprint(len(self.train_files)),
+            extra={"task_ids": self.task_ids, "train_files": [p.name for p in self.train_files],
+                   **({"class_names": self.class_names} if self.class_names else {})})
+
+    def fingerprint(self, train_files: int) -> str:
+        """A digest of the names and sizes of the first `train_files` train files and of the test files, and of the
+        batch size: what a resume checks its checkpoint against."""
+        listing = [f"{p.name}:{size}".encode() for p, size in
+                   (*((p, self.sizes[p]) for p in self.train_files[:train_files]),
+                    *((p, p.stat().st_size) for p in self.test_files))]
+        return _fingerprint([np.frombuffer(b"".join(listing), np.uint8), np.array([self.batch_size])])
 
     def train_batch(self, visit: int, index: int) -> pa.RecordBatch:
         return self._batch(self.visit_slices[visit][index])
@@ -594,9 +643,13 @@ def check_source(source: SourceSpec, stream: StreamSpec) -> None:
             raise ValueError(f"data.dataset: {path}: no such folder (an arrow:<folder> stream needs <folder>/train/, "
                              "optional <folder>/test/)")
         files = data_files(Path(path) / "train")
-        if not files:
+        if stream.follow and not (Path(path) / "train").is_dir():
+            raise ValueError(f"data.dataset: {path}/train/: no such folder (stream.follow takes the files renamed into "
+                             "it: create it before the run starts)")
+        if not files and not stream.follow:  # a followed folder may start empty
             raise ValueError(f"data.dataset: {path}/train/ holds no {', '.join(ARROW_SUFFIXES)} files "
-                             "(an arrow:<folder> stream needs <folder>/train/, optional <folder>/test/)")
+                             "(an arrow:<folder> stream needs <folder>/train/, optional <folder>/test/; "
+                             "stream.follow=true waits for files to land)")
         if source.payload == "features" and source.feature_dim is None:
             raise ValueError(f"data.feature_dim: {name} carries features (data.payload=features); set the width "
                              "the learner accepts, or data.payload=image / text for raw rows")

@@ -52,6 +52,12 @@ class StreamSpec:
     # the labelled rows waiting for a consolidation: their byte budget and which go first past it
     # (memcl_ops/buffer.py)
     buffer: BufferConfig = BufferConfig()
+    # an arrow:<folder> stream: take every data file renamed into train/ while the run goes on (docs/guide.md, "Live
+    # streams"), rounds planned as their batches arrive
+    follow: bool = False
+    # with follow: end the stream once the run has waited this many seconds for a new file (None: run until stopped)
+    idle_timeout_s: float | None = None
+    poll_s: float = 0.5  # with follow: how often train/ is listed for new files while the run waits for them
 
     def __post_init__(self) -> None:
         if self.tasks < 1 or self.batch_size < 1:
@@ -66,6 +72,11 @@ class StreamSpec:
             raise ValueError(f"drift must be in [0, 1], got {self.drift}")
         if self.revisit_rows not in ("repeat", "new"):
             raise ValueError(f"revisit_rows must be repeat or new, got {self.revisit_rows!r}")
+        if self.idle_timeout_s is not None and self.idle_timeout_s <= 0:
+            raise ValueError(f"idle_timeout_s must be above 0 seconds (null: follow until stopped), got "
+                             f"{self.idle_timeout_s}")
+        if self.poll_s <= 0:
+            raise ValueError(f"poll_s must be above 0 seconds, got {self.poll_s}")
 
 
 def task_classes(num_classes: int, spec: StreamSpec) -> list[list[int]]:

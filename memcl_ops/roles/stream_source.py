@@ -3,6 +3,8 @@ gates every batch it emits: rows that break the contract leave as dead letters, 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 
@@ -38,7 +40,9 @@ class StreamSource:
         self.method, self.seed = method, seed
         self.bounds: dict[int, S.FeatureBound] = {}  # by feature dim, computed once
         self.unreadable = None
-        if getattr(self, "args", None) != (source, stream):  # keep a loaded dataset when nothing changed
+        self.follows = stream.follow
+        # keep a loaded dataset when nothing changed (a followed folder changes: it is taken as it is now)
+        if getattr(self, "args", None) != (source, stream) or self.follows:
             self.args = None
             self.stream = build_stream(source, stream)
             self.args = (source, stream)
@@ -108,11 +112,35 @@ class StreamSource:
     def visit_tasks(self, visit: int) -> list[int]:
         return self.stream.visit_tasks(visit)
 
+    def follow(self, known: str) -> StreamInfo | None:
+        """A followed folder's train files that landed since, taken in name order: the stream's info, or None while it
+        is still the one whose fingerprint is `known` (the driver's)."""
+        new = self.stream.new_files()
+        if new:
+            self.stream.take(new)
+            self.info = self.stream.describe()
+        return None if self.info.fingerprint == known else self.info
+
+    def hold(self, names: list[str]) -> None:
+        """Hold at least these train files of a followed folder, in this order (the stream the driver plans over)."""
+        self.stream.hold(names)
+        self.info = self.stream.describe()
+
     def state(self) -> dict[str, np.ndarray]:
-        return {"fingerprint": np.array(self.info.fingerprint)}
+        """The stream's fingerprint and, when it follows a folder, the train files it has taken, in order: the offsets
+        a resume continues from, so that no file is streamed twice or skipped."""
+        state = {"fingerprint": np.array(self.info.fingerprint)}
+        if self.follows:
+            state["train_files"] = np.array(json.dumps(self.info.extra["train_files"]))
+        return state
 
     def restore(self, state: dict[str, np.ndarray]) -> None:
-        if str(state["fingerprint"]) != self.info.fingerprint:
+        fingerprint = self.info.fingerprint
+        if self.follows:
+            taken = json.loads(str(state["train_files"]))
+            self.hold(taken)
+            fingerprint = self.stream.fingerprint(len(taken))
+        if str(state["fingerprint"]) != fingerprint:
             raise ValueError("the checkpoint was written for a different stream (dataset, seed or split changed)")
 
     def timings(self) -> dict:

@@ -19,17 +19,17 @@ pytestmark = pytest.mark.ray
 DIM, ROWS = 8, 48
 
 
-def write_folder(root) -> tuple[np.ndarray, dict[int, int], dict[int, int]]:
-    """Three tasks of two classes; a third of the training rows have no label. A label file right after task 0's
+def write_folder(root, tasks: int = 3) -> tuple[np.ndarray, dict[int, int], dict[int, int]]:
+    """`tasks` tasks of two classes; a third of the training rows have no label. A label file right after task 0's
     rows brings the labels of a few of them (in the same visit), one after task 1's rows the labels of the others
     and one for a sample id the stream never showed. Returns the unlabelled sample ids, the late labels that settle
     one, and of those the ones labelled in task 0's own visit."""
     rng = np.random.default_rng(3)
-    means = rng.normal(scale=3, size=(6, DIM))
+    means = rng.normal(scale=3, size=(2 * tasks, DIM))
     next_id, unlabelled = 0, []
     for split in ("train", "test"):
         (root / split).mkdir(parents=True)
-        for task in range(3):
+        for task in range(tasks):
             labels = rng.choice([2 * task, 2 * task + 1], ROWS)
             ids = np.arange(next_id, next_id + ROWS)
             next_id += ROWS

@@ -75,6 +75,18 @@ CASES = {  # argv -> words the one line must contain
     "run --set stream.realtime.mode=later": ["stream.realtime.mode", "'later'", "simulated"],
     "run --set stream.realtime.mode=simulated --set method.name=nsr-fresh": ["stream.realtime", "nsr-fresh"],
     "run --set runtime.prequential.near_future=0": ["near_future", ">= 1"],
+    "run --set stream.follow=true": ["stream.follow", "fashion-mnist", "arrow:<folder>"],
+    "run --set stream.idle_timeout_s=30": ["stream.idle_timeout_s", "stream.follow=true"],
+    "run --set stream.follow=true --set stream.idle_timeout_s=0": ["idle_timeout_s", "above 0"],
+    "run --set stream.follow=true --set data.dataset=arrow:/no/such/folder": ["/no/such/folder", "no such folder"],
+    "run --set stream.follow=true --set data.dataset=arrow:/data --set method.name=nsr": [
+        "stream.follow", "nsr", "features methods"],
+    "run --set stream.follow=true --set data.dataset=arrow:/data --set runtime.anytime=2": [
+        "runtime.anytime", "stream.follow"],
+    "run --set stream.follow=true --set data.dataset=arrow:/data --set stream.realtime.mode=simulated": [
+        "stream.realtime", "stream.follow"],
+    "run --set stream.follow=true --set data.dataset=arrow:/data --set runtime.transport=compiled": [
+        "runtime.transport=compiled", "stream.follow"],
 }
 
 
