@@ -7,9 +7,9 @@ consolidation buffer (memcl_ops/buffer.py) until a consolidation takes them:
 * a trained head (MARS's stage 2, LwF, fine-tuning, EWC, DER++, joint) is consolidated by the trainers in the
   background; meanwhile an interim head here answers for the classes the published head has not learned yet, so a
   class seen once is predicted from its next batch on. By default (`method.interim`) it is the `analytic` head on the
-  raw features (exact sums of every labelled row, solved lazily; λ and the nearest-mean blend chosen on each round's
-  rows as the round ends); "nearest-mean" keeps the Euclidean class means instead. A row goes to it where its answer
-  is a class the published head cannot name.
+  raw features (exact sums of every labelled row, solved lazily; λ and the nearest-mean blend chosen on a round's rows
+  as it ends, once the rows summed have grown by half since the last choice); "nearest-mean" keeps the Euclidean
+  class means instead. A row goes to it where its answer is a class the published head cannot name.
 
 A consolidation's result is published (`install`) as a new model version; every prediction row carries the version
 that made it. The predictor keeps the published head's full state, which is where the trainer's head stands between
@@ -38,7 +38,7 @@ from memcl_ops.roles.stage2_trainer import MemoryBuilder, set_head_role
 from memcl_ops.tensors import SampleIds, array_bytes, prefixed, state_part
 
 # The interim head of a trained method: the `analytic` head on the raw features, its λ and nearest-mean blend chosen
-# at each round's end on that round's rows (leave-one-out), so it keeps no reservoir of rows of its own.
+# at a round's end on that round's rows (leave-one-out), so it keeps no reservoir of rows of its own.
 INTERIM = AnalyticConfig(expansion_dim=0, lambda_selection="loo")
 # its λ is chosen again once the rows summed have grown by this factor since the last choice: a choice costs a
 # Cholesky per candidate, so a stream of n rows pays O(log n) of them, not one per round
