@@ -126,10 +126,11 @@ class Predictor:
     def end_round(self) -> None:
         """The open round ended: its rows are due for consolidation, and the interim head chooses its λ on them when
         the rows it sums have grown by `CHOOSE_AGAIN` since its last choice."""
-        features, labels = self.buffer.round_rows(self.round)
-        if self.interim is not None and len(labels) and self.observed >= CHOOSE_AGAIN * self.interim_chosen_at:
-            self.interim.settle(torch.from_numpy(features), torch.from_numpy(labels.astype(np.int64)), None)
-            self.interim_chosen_at = self.observed
+        if self.interim is not None and self.observed >= CHOOSE_AGAIN * self.interim_chosen_at:
+            features, labels = self.buffer.round_rows(self.round)
+            if len(labels):
+                self.interim.settle(torch.from_numpy(features), torch.from_numpy(labels.astype(np.int64)), None)
+                self.interim_chosen_at = self.observed
         self.round += 1
 
     # -- consolidation: the due rows taken, the result published --
